@@ -1,0 +1,26 @@
+# Set-up and the main jobs. `make test` and `make bench` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test bench bench-full clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/gradwise bench step --size 25m
+
+bench-full: $(STAMP)
+	$(BIN)/gradwise bench step --size 124m
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""The engine: transforms, chains, hyperparameter specs, the executors and the Optimizer class."""

@@ -1,0 +1,226 @@
+"""``gradwise.Optimizer``: a real ``torch.optim.Optimizer`` that runs a chain of transforms.
+
+Param groups hold the hyperparameters under their usual names (``lr``, ``betas``, ``eps``,
+``weight_decay``); LR schedulers, hooks, named parameters, ``add_param_group``, ``zero_grad`` and
+``step(closure)`` behave as in torch, and ``state_dict()``/``load_state_dict()`` resume bit-identically.
+Parameters are bucketed by (group, device, dtype); each bucket runs the whole chain at once, eagerly
+or compiled (``compile="auto" | True | False``).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from gradwise.core.executor import CompiledStep, run_chain
+from gradwise.core.hyper import Hyper, boolean
+from gradwise.core.params import check_new_group, local, param_label
+from gradwise.core.transform import Transform, chain, state_dtype
+
+#: param-group keys that are not hyperparameters but that torch itself puts in groups.
+_BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
+#: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
+AUTO_COMPILE_MIN_NUMEL = 1 << 20
+
+
+class Optimizer(torch.optim.Optimizer):
+    """Run ``transform`` as a drop-in ``torch.optim.Optimizer``.
+
+    Args:
+        params: parameters, named parameters, or param-group dicts, as for any torch optimizer.
+        transform: the chain to run (``gradwise.chain(...)``).
+        compile: ``True`` compiles each bucket's step with ``torch.compile``; ``False`` runs eagerly;
+            ``"auto"`` compiles when the parameters hold at least ``AUTO_COMPILE_MIN_NUMEL`` elements
+            and falls back to eager, with a warning, if compilation fails.
+        skip_nonfinite: start the chain with ``skip_nonfinite()``: a step whose gradients hold NaN or
+            inf changes nothing and is counted in ``skipped_steps``.
+        **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        transform: Transform,
+        *,
+        compile: bool | str = "auto",
+        skip_nonfinite: bool = False,
+        **hyperparameters: Any,
+    ):
+        if not isinstance(transform, Transform):
+            raise TypeError(f"invalid transform={transform!r}: expected a gradwise Transform, e.g. chain(...)")
+        if compile not in ("auto", True, False):
+            raise ValueError(f"invalid compile={compile!r}: expected 'auto', True or False")
+        boolean("skip_nonfinite", skip_nonfinite)
+        if skip_nonfinite:
+            from gradwise.transforms.nonfinite import skip_nonfinite as guard
+
+            transform = chain(guard(), transform)
+        self.transform = transform
+        self.hyper_specs: dict[str, Hyper] = {**transform.hyper, "maximize": Hyper(False, boolean, static=True)}
+        unknown = sorted(set(hyperparameters) - set(self.hyper_specs))
+        if unknown:
+            raise TypeError(
+                f"unknown hyperparameter(s) {unknown} for {transform!r}; allowed: {sorted(self.hyper_specs)}"
+            )
+        defaults = {k: spec.default for k, spec in self.hyper_specs.items()}
+        defaults.update(hyperparameters)
+        for key, value in defaults.items():
+            self.hyper_specs[key].validate(key, value)
+        self.compile = compile
+        self.skipped_steps = 0
+        self._use_compiled: bool | None = None if compile == "auto" else compile
+        self._compiled: CompiledStep | None = None
+        super().__init__(params, defaults)
+        self.register_state_dict_post_hook(_save_counters)
+        self.register_load_state_dict_pre_hook(_load_counters)
+
+    # ----------------------------------------------------------------- groups and validation
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        index = len(getattr(self, "param_groups", []))
+        check_new_group(param_group, index)
+        unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in _BOOKKEEPING_KEYS)
+        if unknown:
+            raise ValueError(
+                f"param_groups[{index}] has unknown hyperparameter(s) {unknown}; allowed: {sorted(self.hyper_specs)}"
+            )
+        for key in self.hyper_specs:
+            if key in param_group:
+                self.hyper_specs[key].validate(key, param_group[key])
+        super().add_param_group(param_group)
+
+    def _validate(self, group: dict[str, Any]) -> None:
+        for key, spec in self.hyper_specs.items():
+            spec.validate(key, group[key])
+
+    # ----------------------------------------------------------------- the step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Apply one step of the chain to every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = []
+        for index, group in enumerate(self.param_groups):
+            self._validate(group)
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                if p.grad.is_sparse:
+                    raise TypeError(
+                        f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
+                        " gradients (use torch.optim.SparseAdam for sparse embeddings)"
+                    )
+            work.append((group, params))
+        if self._must_skip(work):
+            self.skipped_steps += 1
+            return loss
+        for group, params in work:
+            for bucket in _buckets(params):
+                self._run_bucket(group, bucket)
+        return loss
+
+    def _must_skip(self, work) -> bool:
+        grads = [local(p.grad) for _, params in work for p in params]
+        flag = self.transform.skip_step(grads) if grads else None
+        return bool(flag) if flag is not None else False
+
+    def _run_bucket(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        states = [self._state_for(p, group) for p in params]
+        keys = [k for k in states[0] if k != "step"]
+        views = [local(p) for p in params]
+        state = {k: [local(s[k]) for s in states] for k in keys}
+        steps = [s["step"] for s in states]
+        grads = [local(p.grad) for p in params]
+        hyper, static = self._hyper_values(group, views[0])
+        runner = self._runner()
+        done = 0
+        if runner is not None:
+            try:
+                done = runner(views, grads, state, steps, hyper, static)
+            except Exception as error:  # a failed compile falls back to the eager path under "auto"
+                if self.compile is True or not _is_compile_error(error):
+                    raise
+                warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=3)
+                self._use_compiled = False
+                done = runner.done
+        if done < len(views):
+            rest = slice(done, None)
+            run_chain(self.transform, views[rest], grads[rest], {k: v[rest] for k, v in state.items()},
+                      steps[rest], hyper, static)
+
+    def _runner(self) -> CompiledStep | None:
+        if self._use_compiled is None:
+            numel = sum(p.numel() for g in self.param_groups for p in g["params"])
+            self._use_compiled = numel >= AUTO_COMPILE_MIN_NUMEL
+        if not self._use_compiled:
+            return None
+        if self._compiled is None:
+            self._compiled = CompiledStep(self.transform)
+        return self._compiled
+
+    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+        state = self.state[p]
+        if "step" not in state or any(k not in state for k in self.transform.state):
+            fresh = self.transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
+            for key, value in fresh.items():
+                state.setdefault(key, value)
+            state.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
+        return state
+
+    def _hyper_values(self, group: dict[str, Any], like: Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
+        dtype = torch.float64 if state_dtype(like) == torch.float64 else torch.float32
+        hyper: dict[str, Any] = {}
+        static: dict[str, Any] = {}
+        for key, spec in self.hyper_specs.items():
+            value = group[key]
+            if spec.static:
+                static[key] = value
+                continue
+            if spec.zero_is_identity:
+                static[f"{key}!=0"] = float(value) != 0.0
+            if isinstance(value, (tuple, list)):
+                hyper[key] = tuple(_scalar(v, dtype, like.device) for v in value)
+            else:
+                hyper[key] = _scalar(value, dtype, like.device)
+        return hyper, static
+
+    # ----------------------------------------------------------------- introspection
+    @property
+    def compile_stats(self) -> dict[str, float]:
+        """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
+        if self._compiled is None:
+            return {"compiles": 0, "seconds": 0.0}
+        return {"compiles": self._compiled.compiles, "seconds": self._compiled.compile_seconds}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
+
+
+def _scalar(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.detach().to(dtype=dtype, device=device).reshape(())
+    return torch.tensor(float(value), dtype=dtype, device=device)
+
+
+def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
+    groups: dict[tuple, list[Tensor]] = defaultdict(list)
+    for p in params:
+        groups[(p.device, p.dtype, type(p))].append(p)
+    return list(groups.values())
+
+
+def _is_compile_error(error: Exception) -> bool:
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+def _save_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps}
+    return state_dict
+
+
+def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    optimizer.skipped_steps = state_dict.get("gradwise", {}).get("skipped_steps", 0)
+    return state_dict

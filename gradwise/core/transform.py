@@ -1,0 +1,150 @@
+"""The central abstraction: a transform maps a list of update tensors to a list of update tensors.
+
+A transform declares the per-parameter state buffers it keeps (``state``) and the param-group
+hyperparameters it reads (``hyper``). Its ``update`` is written once, in plain PyTorch over lists of
+tensors; the executor runs it eagerly over a whole bucket (the reference path) or compiles it with
+``torch.compile`` into one fused pass per parameter. ``chain(a, b, c)`` is itself a transform whose
+links keep their state under namespaced keys (``"adam.exp_avg"``), so two momenta never collide.
+
+The update convention follows optax: the chain turns gradients into the *change* added to the
+parameters, so recipes end with ``scale_by_learning_rate`` (which multiplies by ``-lr``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper
+
+
+@dataclass
+class Context:
+    """What a transform sees besides the updates and its own state, for one bucket of parameters.
+
+    ``params``, ``grads`` and ``steps`` are aligned with the update list; ``steps`` holds each
+    parameter's step count (0-d tensors, already incremented for this step). ``hyper`` maps each
+    hyperparameter name to a 0-d tensor (a tuple of them for tuple-valued entries such as ``betas``);
+    ``static`` holds Python values: static hyperparameters, and for every ``zero_is_identity``
+    hyperparameter the flag ``"<name>!=0"``.
+    """
+
+    params: list[Tensor]
+    grads: list[Tensor]
+    steps: list[Tensor]
+    hyper: Mapping[str, Any]
+    static: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.static:
+            return self.static[name]
+        return self.hyper[name]
+
+    def active(self, name: str) -> bool:
+        """False when the ``zero_is_identity`` hyperparameter ``name`` is 0 for this group."""
+        return self.static[f"{name}!=0"]
+
+
+class Transform:
+    """Base class. Subclasses set ``state``, ``hyper`` and implement ``update``.
+
+    ``elementwise`` says the update of one element depends only on that element (and scalars), so the
+    executor may run it on flattened views and on local shards of DTensor parameters.
+    ``name`` namespaces the state keys inside a chain.
+    """
+
+    name: str = "transform"
+    state: tuple[str, ...] = ()
+    hyper: Mapping[str, Hyper] = {}
+    elementwise: bool = True
+
+    def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
+        """State buffers for one parameter; the default is zeros shaped like the parameter."""
+        dtype = state_dtype(param)
+        return {key: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format) for key in self.state}
+
+    def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        raise NotImplementedError
+
+    def skip_step(self, grads: list[Tensor]) -> Tensor | None:
+        """A guard: return a bool tensor that is True when the whole optimizer step must be skipped."""
+        return None
+
+    def links(self) -> list[tuple[str, "Transform"]]:
+        """The (namespace, transform) pairs this transform is made of."""
+        return [(self.name, self)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Chain(Transform):
+    """Run transforms one after the other; each link's state lives under ``"<link name>.<buffer>"``."""
+
+    name = "chain"
+
+    def __init__(self, *transforms: Transform):
+        flat: list[Transform] = []
+        for t in transforms:
+            if not isinstance(t, Transform):
+                raise TypeError(f"chain() takes Transform objects, got {t!r} of type {type(t).__name__}")
+            flat.extend(t.transforms if isinstance(t, Chain) else [t])
+        self.transforms = tuple(flat)
+        self._names = _unique_names(self.transforms)
+        self.state = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.state)
+        self.elementwise = all(t.elementwise for t in self.transforms)
+        merged: dict[str, Hyper] = {}
+        for t in self.transforms:
+            for key, spec in t.hyper.items():
+                if key in merged and merged[key] != spec:
+                    raise ValueError(
+                        f"chain(): transforms {t!r} and another declare hyperparameter {key!r} differently;"
+                        " rename one of them"
+                    )
+                merged[key] = spec
+        self.hyper = merged
+
+    def links(self) -> list[tuple[str, Transform]]:
+        return list(zip(self._names, self.transforms))
+
+    def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, t in self.links():
+            out.update({f"{name}.{k}": v for k, v in t.init(param, group).items()})
+        return out
+
+    def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        for name, t in self.links():
+            prefix = name + "."
+            own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            updates = t.update(updates, own, ctx)
+        return updates
+
+    def skip_step(self, grads: list[Tensor]) -> Tensor | None:
+        flags = [f for t in self.transforms if (f := t.skip_step(grads)) is not None]
+        if not flags:
+            return None
+        return torch.stack(flags).any() if len(flags) > 1 else flags[0]
+
+    def __repr__(self) -> str:
+        return "chain(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:
+    names, seen = [], {}
+    for t in transforms:
+        seen[t.name] = seen.get(t.name, 0) + 1
+        names.append(t.name if seen[t.name] == 1 else f"{t.name}{seen[t.name]}")
+    return names
+
+
+def chain(*transforms: Transform) -> Chain:
+    """Compose transforms left to right into one transform (optax's ``chain``)."""
+    return Chain(*transforms)
+
+
+def state_dtype(param: Tensor) -> torch.dtype:
+    """The dtype state buffers and updates use: float32 for 16-bit parameters, else the parameter's."""
+    return torch.float32 if param.dtype in (torch.float16, torch.bfloat16) else param.dtype

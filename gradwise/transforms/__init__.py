@@ -1,0 +1,17 @@
+"""The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``trace`` keeps momentum."""
+from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
+from gradwise.transforms.learning_rate import scale_by_learning_rate
+from gradwise.transforms.momentum import trace
+from gradwise.transforms.nonfinite import skip_nonfinite
+from gradwise.transforms.sign import scale_by_lion
+from gradwise.transforms.weight_decay import add_decayed_weights
+
+__all__ = [
+    "add_decayed_weights",
+    "scale_by_adam",
+    "scale_by_learning_rate",
+    "scale_by_lion",
+    "scale_by_nadam",
+    "skip_nonfinite",
+    "trace",
+]

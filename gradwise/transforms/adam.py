@@ -1,0 +1,72 @@
+"""Adam and NAdam preconditioning: running moments of the update and their bias-corrected ratio."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
+from gradwise.core.transform import Context, Transform, state_dtype
+
+
+class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+    """Adam (Kingma & Ba, 2015, arXiv:1412.6980).
+
+    m <- b1 m + (1-b1) u;  v <- b2 v + (1-b2) u^2;
+    u <- (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
+    """
+
+    name = "adam"
+    state = ("exp_avg", "exp_avg_sq")
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b1, b2 = ctx["betas"]
+        eps = ctx["eps"]
+        out = []
+        for u, m, v, t in zip(updates, state["exp_avg"], state["exp_avg_sq"], ctx.steps):
+            m.lerp_(u, 1 - b1)
+            v.lerp_(u * u, 1 - b2)
+            bias1 = 1 - b1**t
+            bias2 = 1 - b2**t
+            out.append((m / bias1) / (v.sqrt() / bias2.sqrt() + eps))
+        return out
+
+
+class scale_by_nadam(Transform):  # noqa: N801
+    """NAdam (Dozat, 2016, "Incorporating Nesterov Momentum into Adam"), as torch.optim.NAdam.
+
+    mu_t = b1 (1 - 0.5 * 0.96^(t psi)),  P_t = prod_{s<=t} mu_s,  m and v as in Adam;
+    u <- [(1-mu_t)/(1-P_t) u + mu_{t+1}/(1-P_t mu_{t+1}) m] / (sqrt(v / (1-b2^t)) + eps)
+    with psi = ``momentum_decay``.
+    """
+
+    name = "nadam"
+    state = ("exp_avg", "exp_avg_sq", "mu_product")
+    hyper = {
+        "betas": Hyper((0.9, 0.999), betas_pair),
+        "eps": Hyper(1e-8, positive),
+        "momentum_decay": Hyper(4e-3, non_negative),
+    }
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        buffers = {k: torch.zeros_like(param, dtype=state_dtype(param)) for k in ("exp_avg", "exp_avg_sq")}
+        buffers["mu_product"] = torch.ones((), dtype=state_dtype(param), device=param.device)
+        return buffers
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b1, b2 = ctx["betas"]
+        eps, psi = ctx["eps"], ctx["momentum_decay"]
+        out = []
+        for u, m, v, mu_product, t in zip(
+            updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"], ctx.steps
+        ):
+            mu = b1 * (1 - 0.5 * 0.96 ** (t * psi))
+            mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * psi))
+            mu_product.mul_(mu)
+            m.lerp_(u, 1 - b1)
+            v.lerp_(u * u, 1 - b2)
+            denom = (v / (1 - b2**t)).sqrt() + eps
+            grad_coef = (1 - mu) / (1 - mu_product)
+            momentum_coef = mu_next / (1 - mu_product * mu_next)
+            out.append((u * grad_coef + m * momentum_coef) / denom)
+        return out

@@ -1,0 +1,38 @@
+"""Heavy-ball and Nesterov momentum with dampening, as torch.optim.SGD (Sutskever et al., 2013)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, boolean, closed_unit_interval, non_negative
+from gradwise.core.transform import Context, Transform, state_dtype
+
+
+class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
+    """b <- u at the first step, else b <- mu b + (1 - dampening) u;
+    u <- u + mu b  (nesterov)  or  u <- b.   With mu = ``momentum`` = 0 the update passes through
+    and no buffer is kept.
+    """
+
+    name = "momentum"
+    state = ("momentum_buffer",)
+    hyper = {
+        "momentum": Hyper(0.0, non_negative, zero_is_identity=True),
+        "dampening": Hyper(0.0, closed_unit_interval),
+        "nesterov": Hyper(False, boolean, static=True),
+    }
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        if float(group["momentum"]) == 0.0:
+            return {}
+        return {"momentum_buffer": torch.zeros_like(param, dtype=state_dtype(param))}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("momentum"):
+            return updates
+        mu, dampening = ctx["momentum"], ctx["dampening"]
+        out = []
+        for u, b, t in zip(updates, state["momentum_buffer"], ctx.steps):
+            b.copy_(torch.where(t == 1, u, b * mu + u * (1 - dampening)))
+            out.append(u + b * mu if ctx["nesterov"] else b)
+        return out

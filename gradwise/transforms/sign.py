@@ -1,0 +1,23 @@
+"""Lion's sign update (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms", arXiv:2302.06675)."""
+from __future__ import annotations
+
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, betas_pair
+from gradwise.core.transform import Context, Transform
+
+
+class scale_by_lion(Transform):  # noqa: N801
+    """u <- sign(b1 m + (1-b1) u);  then  m <- b2 m + (1-b2) u  (with the incoming u)."""
+
+    name = "lion"
+    state = ("exp_avg",)
+    hyper = {"betas": Hyper((0.9, 0.99), betas_pair)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b1, b2 = ctx["betas"]
+        out = []
+        for u, m in zip(updates, state["exp_avg"]):
+            out.append(m.lerp(u, 1 - b1).sign())
+            m.lerp_(u, 1 - b2)
+        return out
