@@ -10,13 +10,48 @@ from __future__ import annotations
 
 import time
 import types
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
-from torch._dynamo.decorators import mark_unbacked
 
 from gradwise.core.transform import Context, Transform, state_dtype
+
+
+Layout = tuple[tuple[str, str, int], ...]
+
+
+def pack(hyper: Mapping[str, Any], scalars: Mapping[str, float], dtype: torch.dtype, device) -> tuple[Tensor, Layout]:
+    """All numeric hyperparameters and per-step scalars in one 1-D tensor, plus its layout.
+
+    One tensor (one host-to-device copy, one guard) instead of a dozen 0-d tensors: the compiled
+    step's call overhead is paid per parameter, so its inputs are kept few.
+    """
+    layout, flat = [], []
+    for kind, entries in (("hyper", hyper), ("scalar", scalars)):
+        for name, value in entries.items():
+            if isinstance(value, (tuple, list)):
+                layout.append((kind, name, len(value)))
+                flat.extend(float(v) for v in value)
+            else:
+                layout.append((kind, name, 0))
+                flat.append(float(value))
+    return torch.tensor(flat, dtype=dtype, device=device), tuple(layout)
+
+
+def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inverse of ``pack``: ``(hyper, scalars)`` dicts of 0-d tensors (tuples for tuple entries)."""
+    out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}}
+    i = 0
+    for kind, name, width in layout:
+        if width:
+            out[kind][name] = tuple(values[i + j] for j in range(width))
+            i += width
+        else:
+            out[kind][name] = values[i]
+            i += 1
+    return out["hyper"], out["scalar"]
 
 
 def run_chain(
@@ -24,23 +59,22 @@ def run_chain(
     params: list[Tensor],
     grads: list[Tensor],
     state: Mapping[str, list[Tensor]],
-    steps: list[Tensor],
-    hyper: Mapping[str, Any],
+    values: Tensor,
+    layout: Layout,
     static: Mapping[str, Any],
 ) -> None:
-    """One optimizer step over aligned lists: ``p <- p + chain(g)``; mutates params, state and steps."""
-    for step in steps:
-        step.add_(1)
+    """One optimizer step over aligned lists: ``p <- p + chain(g)``; mutates params and state."""
+    hyper, scalars = unpack(values, layout)
     maximize = static["maximize"]
     updates = [(-g if maximize else g).to(state_dtype(p)) for p, g in zip(params, grads)]
-    ctx = Context(params, grads, steps, hyper, static)
+    ctx = Context(params, grads, hyper, static, scalars)
     updates = transform.update(updates, state, ctx)
     for p, u in zip(params, updates):
         p.add_(u)
 
 
-def _step_one(transform, param, grad, state, step, hyper, static):
-    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, [step], hyper, static)
+def _step_one(transform, param, grad, state, values, layout, static):
+    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static)
 
 
 class CompiledStep:
@@ -55,9 +89,9 @@ class CompiledStep:
         self.transform = transform
         self.compiles = 0
         self.compile_seconds = 0.0
-        self.done = 0
         fn = _private_copy(_step_one)
         self._flatten = transform.elementwise
+        self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         self._compiled = torch.compile(fn, backend=self._backend, dynamic=self._flatten, fullgraph=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -66,21 +100,34 @@ class CompiledStep:
         self.compiles += 1
         return compile_fx(gm, example_inputs)
 
-    def __call__(self, params, grads, state, steps, hyper, static) -> int:
-        """Step every parameter; returns how many were stepped (``done`` tells, if a compile fails)."""
-        self.done = 0
-        for i, (p, g, step) in enumerate(zip(params, grads, steps)):
-            own = {k: v[i] for k, v in state.items()}
-            if self._flatten and _flattenable(p, g, own):
-                own = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in own.items()}
-                p, g = _flat_alias(p), _flat_alias(g)
-            before = self.compiles
-            start = time.perf_counter()
-            self._compiled(self.transform, p, g, own, step, hyper, static)
-            if self.compiles != before:
-                self.compile_seconds += time.perf_counter() - start
-            self.done = i + 1
-        return self.done
+    def _flat(self, t: Tensor) -> Tensor:
+        """``_flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
+        key = id(t)
+        entry = self._aliases.get(key)
+        if entry is not None and entry[0]() is t and entry[1].data_ptr() == t.data_ptr() and entry[1].numel() == t.numel():
+            return entry[1]
+        flat = _flat_alias(t)
+        self._aliases[key] = (weakref.ref(t, lambda _, key=key: self._aliases.pop(key, None)), flat)
+        return flat
+
+    def accepts(self, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
+        """Whether this parameter runs compiled. Tensors of fewer than two elements run eagerly (a
+        graph of their own would cost a compile for nothing), and so does an elementwise chain's
+        parameter whose memory is not one dense run shared by its grad and state."""
+        if p.numel() < 2:
+            return False
+        return not self._flatten or _flattenable(p, g, state)
+
+    def __call__(self, p: Tensor, g: Tensor, state: Mapping[str, Tensor], values: Tensor, layout, static) -> None:
+        """Step one parameter (``accepts`` must have said yes)."""
+        if self._flatten:
+            state = {k: self._flat(v) if v.shape == p.shape else v for k, v in state.items()}
+            p, g = self._flat(p), _flat_alias(g)
+        before = self.compiles
+        start = time.perf_counter()
+        self._compiled(self.transform, p, g, state, values, layout, static)
+        if self.compiles != before:
+            self.compile_seconds += time.perf_counter() - start
 
 
 def _flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
@@ -107,9 +154,7 @@ def _flat_alias(t: Tensor) -> Tensor:
     Not a view (``t.view(-1)``): a view carries its ``_base``, and dynamo guards on the base's shape,
     which would recompile for every parameter shape instead of once per rank.
     """
-    flat = t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
-    mark_unbacked(flat, 0)  # sizes 0 and 1 must not compile graphs of their own
-    return flat
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
 
 
 def _private_copy(fn: types.FunctionType) -> types.FunctionType:

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
-from gradwise.core.executor import CompiledStep, run_chain
+from gradwise.core.executor import CompiledStep, pack, run_chain
 from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import check_new_group, local, param_label
 from gradwise.core.transform import Transform, chain, state_dtype
@@ -129,27 +129,43 @@ class Optimizer(torch.optim.Optimizer):
 
     def _run_bucket(self, group: dict[str, Any], params: list[Tensor]) -> None:
         states = [self._state_for(p, group) for p in params]
+        device = params[0].device
+        dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
+        hyper, static = self._hyper_values(group)
+        by_step: dict[int, list[int]] = defaultdict(list)
+        for i, st in enumerate(states):
+            st["step"] += 1
+            by_step[int(st["step"])].append(i)
+        for step, members in by_step.items():
+            values, layout = pack(hyper, self.transform.scalars(group, step), dtype, device)
+            self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
+
+    def _run(self, params, states, values, layout, static) -> None:
         keys = [k for k in states[0] if k != "step"]
         views = [local(p) for p in params]
-        state = {k: [local(s[k]) for s in states] for k in keys}
-        steps = [s["step"] for s in states]
         grads = [local(p.grad) for p in params]
-        hyper, static = self._hyper_values(group, views[0])
+        own = [{k: local(s[k]) for k in keys} for s in states]
+        eager = list(range(len(views)))
         runner = self._runner()
-        done = 0
         if runner is not None:
-            try:
-                done = runner(views, grads, state, steps, hyper, static)
-            except Exception as error:  # a failed compile falls back to the eager path under "auto"
-                if self.compile is True or not _is_compile_error(error):
-                    raise
-                warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=3)
-                self._use_compiled = False
-                done = runner.done
-        if done < len(views):
-            rest = slice(done, None)
-            run_chain(self.transform, views[rest], grads[rest], {k: v[rest] for k, v in state.items()},
-                      steps[rest], hyper, static)
+            chosen = [i for i in eager if runner.accepts(views[i], grads[i], own[i])]
+            compiled = set(chosen)
+            eager = [i for i in eager if i not in compiled]
+            for n, i in enumerate(chosen):
+                try:
+                    runner(views[i], grads[i], own[i], values, layout, static)
+                except Exception as error:  # under "auto", a failed compile falls back to eager
+                    if self.compile is True or not _is_compile_error(error):
+                        raise
+                    warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on",
+                                  stacklevel=4)
+                    self._use_compiled = False
+                    eager += chosen[n:]
+                    break
+        if eager:
+            state = {k: [own[i][k] for i in eager] for k in keys}
+            run_chain(self.transform, [views[i] for i in eager], [grads[i] for i in eager], state,
+                      values, layout, static)
 
     def _runner(self) -> CompiledStep | None:
         if self._use_compiled is None:
@@ -167,11 +183,11 @@ class Optimizer(torch.optim.Optimizer):
             fresh = self.transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
             for key, value in fresh.items():
                 state.setdefault(key, value)
-            state.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
         return state
 
-    def _hyper_values(self, group: dict[str, Any], like: Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
-        dtype = torch.float64 if state_dtype(like) == torch.float64 else torch.float32
+    def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
         hyper: dict[str, Any] = {}
         static: dict[str, Any] = {}
         for key, spec in self.hyper_specs.items():
@@ -181,10 +197,7 @@ class Optimizer(torch.optim.Optimizer):
                 continue
             if spec.zero_is_identity:
                 static[f"{key}!=0"] = float(value) != 0.0
-            if isinstance(value, (tuple, list)):
-                hyper[key] = tuple(_scalar(v, dtype, like.device) for v in value)
-            else:
-                hyper[key] = _scalar(value, dtype, like.device)
+            hyper[key] = tuple(map(float, value)) if isinstance(value, (tuple, list)) else float(value)
         return hyper, static
 
     # ----------------------------------------------------------------- introspection
@@ -197,12 +210,6 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
-
-
-def _scalar(value: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
-    if isinstance(value, Tensor):
-        return value.detach().to(dtype=dtype, device=device).reshape(())
-    return torch.tensor(float(value), dtype=dtype, device=device)
 
 
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:

@@ -11,7 +11,7 @@ parameters, so recipes end with ``scale_by_learning_rate`` (which multiplies by 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
@@ -24,22 +24,24 @@ from gradwise.core.hyper import Hyper
 class Context:
     """What a transform sees besides the updates and its own state, for one bucket of parameters.
 
-    ``params``, ``grads`` and ``steps`` are aligned with the update list; ``steps`` holds each
-    parameter's step count (0-d tensors, already incremented for this step). ``hyper`` maps each
-    hyperparameter name to a 0-d tensor (a tuple of them for tuple-valued entries such as ``betas``);
-    ``static`` holds Python values: static hyperparameters, and for every ``zero_is_identity``
-    hyperparameter the flag ``"<name>!=0"``.
+    ``params`` and ``grads`` are aligned with the update list. ``hyper`` maps each hyperparameter
+    name to a 0-d tensor (a tuple of them for tuple-valued entries such as ``betas``); ``scalars``
+    holds the link's own values from ``Transform.scalars`` as 0-d tensors; ``static`` holds Python
+    values: static hyperparameters, and for every ``zero_is_identity`` hyperparameter the flag
+    ``"<name>!=0"``. ``ctx[name]`` looks in ``static``, then ``scalars``, then ``hyper``.
     """
 
     params: list[Tensor]
     grads: list[Tensor]
-    steps: list[Tensor]
     hyper: Mapping[str, Any]
     static: Mapping[str, Any] = field(default_factory=dict)
+    scalars: Mapping[str, Tensor] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         if name in self.static:
             return self.static[name]
+        if name in self.scalars:
+            return self.scalars[name]
         return self.hyper[name]
 
     def active(self, name: str) -> bool:
@@ -64,6 +66,12 @@ class Transform:
         """State buffers for one parameter; the default is zeros shaped like the parameter."""
         dtype = state_dtype(param)
         return {key: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format) for key in self.state}
+
+    def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
+        """Per-step constants computed in Python from the hyperparameters and the step count (e.g.
+        Adam's bias corrections). They reach ``update`` as 0-d tensors, computed once per step rather
+        than once per element inside the fused loop, and in double precision, as torch.optim does."""
+        return {}
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
@@ -115,11 +123,14 @@ class Chain(Transform):
             out.update({f"{name}.{k}": v for k, v in t.init(param, group).items()})
         return out
 
+    def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
+        return {f"{name}.{k}": v for name, t in self.links() for k, v in t.scalars(hyper, step).items()}
+
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         for name, t in self.links():
-            prefix = name + "."
-            own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            updates = t.update(updates, own, ctx)
+            own_state = _strip(name, state)
+            own_ctx = replace(ctx, scalars=_strip(name, ctx.scalars))
+            updates = t.update(updates, own_state, own_ctx)
         return updates
 
     def skip_step(self, grads: list[Tensor]) -> Tensor | None:
@@ -130,6 +141,11 @@ class Chain(Transform):
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def _strip(namespace: str, entries: Mapping[str, Any]) -> dict[str, Any]:
+    prefix = namespace + "."
+    return {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
 
 
 def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:

@@ -1,6 +1,8 @@
 """Adam and NAdam preconditioning: running moments of the update and their bias-corrected ratio."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -13,22 +15,27 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
 
     m <- b1 m + (1-b1) u;  v <- b2 v + (1-b2) u^2;
     u <- (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
+
+    The bias corrections enter as reciprocals computed once per step, so the fused loop holds one
+    square root and one division per element.
     """
 
     name = "adam"
     state = ("exp_avg", "exp_avg_sq")
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = hyper["betas"]
+        return {"inv_bias1": 1 / (1 - b1**step), "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b1, b2 = ctx["betas"]
-        eps = ctx["eps"]
+        eps, inv_bias1, inv_bias2_sqrt = ctx["eps"], ctx["inv_bias1"], ctx["inv_bias2_sqrt"]
         out = []
-        for u, m, v, t in zip(updates, state["exp_avg"], state["exp_avg_sq"], ctx.steps):
-            m.lerp_(u, 1 - b1)
-            v.lerp_(u * u, 1 - b2)
-            bias1 = 1 - b1**t
-            bias2 = 1 - b2**t
-            out.append((m / bias1) / (v.sqrt() / bias2.sqrt() + eps))
+        for u, m, v in zip(updates, state["exp_avg"], state["exp_avg_sq"]):
+            m.mul_(b1).add_(u * (1 - b1))
+            v.mul_(b2).add_(u * u * (1 - b2))
+            out.append(m * inv_bias1 / (v.sqrt() * inv_bias2_sqrt + eps))
         return out
 
 
@@ -53,19 +60,24 @@ class scale_by_nadam(Transform):  # noqa: N801
         buffers["mu_product"] = torch.ones((), dtype=state_dtype(param), device=param.device)
         return buffers
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = hyper["betas"]
+        psi = hyper["momentum_decay"]
+        return {
+            "mu": b1 * (1 - 0.5 * 0.96 ** (step * psi)),
+            "mu_next": b1 * (1 - 0.5 * 0.96 ** ((step + 1) * psi)),
+            "bias_correction2": 1 - b2**step,
+        }
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b1, b2 = ctx["betas"]
-        eps, psi = ctx["eps"], ctx["momentum_decay"]
+        eps, mu, mu_next, bias2 = ctx["eps"], ctx["mu"], ctx["mu_next"], ctx["bias_correction2"]
         out = []
-        for u, m, v, mu_product, t in zip(
-            updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"], ctx.steps
-        ):
-            mu = b1 * (1 - 0.5 * 0.96 ** (t * psi))
-            mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * psi))
+        for u, m, v, mu_product in zip(updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"]):
             mu_product.mul_(mu)
-            m.lerp_(u, 1 - b1)
-            v.lerp_(u * u, 1 - b2)
-            denom = (v / (1 - b2**t)).sqrt() + eps
+            m.mul_(b1).add_(u * (1 - b1))
+            v.mul_(b2).add_(u * u * (1 - b2))
+            denom = (v / bias2).sqrt() + eps
             grad_coef = (1 - mu) / (1 - mu_product)
             momentum_coef = mu_next / (1 - mu_product * mu_next)
             out.append((u * grad_coef + m * momentum_coef) / denom)

@@ -27,12 +27,15 @@ class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
             return {}
         return {"momentum_buffer": torch.zeros_like(param, dtype=state_dtype(param))}
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"first_step": float(step == 1)}
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         if not ctx.active("momentum"):
             return updates
-        mu, dampening = ctx["momentum"], ctx["dampening"]
+        mu, dampening, first = ctx["momentum"], ctx["dampening"], ctx["first_step"]
         out = []
-        for u, b, t in zip(updates, state["momentum_buffer"], ctx.steps):
-            b.copy_(torch.where(t == 1, u, b * mu + u * (1 - dampening)))
+        for u, b in zip(updates, state["momentum_buffer"]):
+            b.copy_(torch.where(first > 0, u, b * mu + u * (1 - dampening)))
             out.append(u + b * mu if ctx["nesterov"] else b)
         return out

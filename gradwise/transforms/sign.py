@@ -18,6 +18,6 @@ class scale_by_lion(Transform):  # noqa: N801
         b1, b2 = ctx["betas"]
         out = []
         for u, m in zip(updates, state["exp_avg"]):
-            out.append(m.lerp(u, 1 - b1).sign())
-            m.lerp_(u, 1 - b2)
+            out.append((m * b1 + u * (1 - b1)).sign())
+            m.mul_(b2).add_(u * (1 - b2))
         return out
