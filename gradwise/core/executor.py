@@ -123,6 +123,8 @@ class CompiledStep:
         if self._flatten:
             state = {k: self._flat(v) if v.shape == p.shape else v for k, v in state.items()}
             p, g = self._flat(p), _flat_alias(g)
+        # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64 inputs
+        state = {k: self._flat(v) if v.dim() == 0 else v for k, v in state.items()}
         before = self.compiles
         start = time.perf_counter()
         self._compiled(self.transform, p, g, state, values, layout, static)
