@@ -1,0 +1,25 @@
+"""Small parameter sets shared by the tests: a bag of tensors of varied shapes and a small MLP."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def bag_of_tensors(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    """0-d, 1-d, 2-d, 4-d, a transposed (non-contiguous) matrix and an empty tensor, as leaf params."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(), (7,), (5, 3), (2, 3, 4, 5), (0, 3)]
+    tensors = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
+    tensors.append(torch.randn(6, 4, generator=gen, dtype=dtype).t())
+    return [t.requires_grad_() for t in tensors]
+
+
+def mlp(dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1)).to(dtype)
+
+
+def regression_batch(dtype: torch.dtype, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(32, 8, generator=gen, dtype=dtype)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))

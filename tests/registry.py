@@ -1,0 +1,50 @@
+"""One registry of recipes, their references and their hyperparameter cases.
+
+Every generic test walks ``CASES``: parity with the reference step by step, compiled equals eager.
+The next recipe costs one entry here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+import gradwise
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    recipe: type[gradwise.Optimizer]
+    reference: Callable[..., torch.optim.Optimizer]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    reference_kwargs: dict[str, Any] | None = None  # when the reference spells an option differently
+    trains: bool = True  # False for cases that make no sense on a training loss (gradient ascent)
+
+    def ours(self, params, compile: bool) -> gradwise.Optimizer:
+        return self.recipe(params, compile=compile, **self.kwargs)
+
+    def theirs(self, params) -> torch.optim.Optimizer:
+        kwargs = self.kwargs if self.reference_kwargs is None else self.reference_kwargs
+        return self.reference(params, **kwargs)
+
+
+def _lion(params, **kwargs):
+    from lion_pytorch import Lion
+
+    return Lion(params, **kwargs)
+
+
+CASES = [
+    Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
+    Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
+         dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    Case("sgd-nesterov", gradwise.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    Case("adam", gradwise.Adam, torch.optim.Adam, dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
+    Case("adamw", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
+    Case("nadamw", gradwise.NAdamW, torch.optim.NAdam, dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3),
+         dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3, decoupled_weight_decay=True)),
+    Case("lion", gradwise.Lion, _lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
+    Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
+]

@@ -1,0 +1,102 @@
+"""Every recipe equals its authors' implementation step by step, and compiled equals eager."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tests.models import bag_of_tensors, mlp, regression_batch
+from tests.registry import CASES, Case
+
+STEPS = 50
+TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-6)}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch.optim keeps some scalar state in the default dtype; float64 references need float64 there."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _clone(params):
+    return [p.detach().clone().requires_grad_() for p in params]
+
+
+def _random_grads(params, step):
+    gen = torch.Generator().manual_seed(step)
+    return [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+
+
+def run_bag(make, params, dtype, steps=STEPS, reference=False):
+    with default_dtype(dtype) if reference else contextlib.nullcontext():
+        optimizer = make(params)
+        trajectory = []
+        for step in range(steps):
+            for p, g in zip(params, _random_grads(params, step)):
+                p.grad = g.t().contiguous().t() if not p.is_contiguous() else g
+            optimizer.step()
+            trajectory.append([p.detach().clone() for p in params])
+    return trajectory
+
+
+def run_mlp(make, dtype, steps=STEPS, reference=False):
+    model = mlp(dtype)
+    with default_dtype(dtype) if reference else contextlib.nullcontext():
+        optimizer = make(list(model.parameters()))
+        trajectory = []
+        for step in range(steps):
+            x, y = regression_batch(dtype, step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            trajectory.append([p.detach().clone() for p in model.parameters()])
+    return trajectory
+
+
+def assert_trajectories_close(ours, theirs, dtype, **tolerance):
+    tolerance = tolerance or TOLERANCE[dtype]
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            torch.testing.assert_close(x, y, **tolerance, msg=lambda m: f"step {step}, tensor {i}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bag_of_tensors_matches_reference(case: Case, dtype):
+    params = bag_of_tensors(dtype)
+    ours = run_bag(lambda p: case.ours(p, compile=False), _clone(params), dtype)
+    theirs = run_bag(case.theirs, _clone(params), dtype, reference=True)
+    assert_trajectories_close(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("case", [c for c in CASES if c.trains], ids=lambda c: c.name)
+def test_mlp_training_matches_reference(case: Case, dtype):
+    ours = run_mlp(lambda p: case.ours(p, compile=False), dtype)
+    theirs = run_mlp(case.theirs, dtype, reference=True)
+    assert_trajectories_close(ours, theirs, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compiled_equals_eager(case: Case, dtype):
+    params = bag_of_tensors(dtype)
+    steps = 20
+    compiled_optimizers = []
+
+    def make_compiled(p):
+        compiled_optimizers.append(case.ours(p, compile=True))
+        return compiled_optimizers[-1]
+
+    compiled = run_bag(make_compiled, _clone(params), dtype, steps)
+    eager = run_bag(lambda p: case.ours(p, compile=False), _clone(params), dtype, steps)
+    assert compiled_optimizers[0].compile_stats["compiles"] >= 1, "the compiled path did not compile"
+    tight = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-7)
+    assert_trajectories_close(compiled, eager, dtype, **tight)
