@@ -8,6 +8,7 @@ Hyperparameters arrive as 0-d tensors, so changing them never recompiles.
 """
 from __future__ import annotations
 
+import logging
 import time
 import types
 import weakref
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from gradwise.core.transform import Context, Transform, state_dtype
 
+logger = logging.getLogger("gradwise")
 
 Layout = tuple[tuple[str, str, int], ...]
 
@@ -129,7 +131,9 @@ class CompiledStep:
         start = time.perf_counter()
         self._compiled(self.transform, p, g, state, values, layout, static)
         if self.compiles != before:
-            self.compile_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.compile_seconds += seconds
+            logger.info("compiled %r for %s %s tensors in %.2f s", self.transform, p.dtype, p.device, seconds)
 
 
 def _flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
