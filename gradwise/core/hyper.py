@@ -8,6 +8,7 @@ and hands their values to the transforms as 0-d tensors, so a changing value nev
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ def _as_float(value: Any) -> float | None:
         return None
     if isinstance(value, torch.Tensor):
         return float(value.item()) if value.numel() == 1 else None
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # int, float, and NumPy's scalars (np.float32 is no float)
         return float(value)
     return None
 

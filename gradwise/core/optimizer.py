@@ -8,16 +8,19 @@ or compiled (``compile="auto" | True | False``).
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import defaultdict
+from itertools import chain as chain_iterables
 from typing import Any, Iterable
 
 import torch
 from torch import Tensor
 
-from gradwise.core.executor import CompiledStep, pack, run_chain
+from gradwise.core.eager import run_eager
+from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
-from gradwise.core.params import check_new_group, local, param_label
+from gradwise.core.params import DTensor, any_rank, check_new_group, local, param_label
 from gradwise.core.transform import Transform, chain, state_dtype
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
@@ -40,6 +43,17 @@ class Optimizer(torch.optim.Optimizer):
         **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize``.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # A recipe's own signature lists its keywords; say which are allowed, not just which is not.
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            allowed = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][1:]
+            unknown = [f"{k}={v!r}" for k, v in kwargs.items() if k not in allowed]
+            if unknown:
+                raise TypeError(f"{cls.__name__}() got unknown keyword argument(s) {', '.join(unknown)};"
+                                f" allowed: {allowed}")
+        return super().__new__(cls)
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -51,7 +65,7 @@ class Optimizer(torch.optim.Optimizer):
     ):
         if not isinstance(transform, Transform):
             raise TypeError(f"invalid transform={transform!r}: expected a gradwise Transform, e.g. chain(...)")
-        if compile not in ("auto", True, False):
+        if not (isinstance(compile, bool) or (isinstance(compile, str) and compile == "auto")):
             raise ValueError(f"invalid compile={compile!r}: expected 'auto', True or False")
         boolean("skip_nonfinite", skip_nonfinite)
         if skip_nonfinite:
@@ -81,6 +95,7 @@ class Optimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         index = len(getattr(self, "param_groups", []))
         check_new_group(param_group, index)
+        _check_disjoint(param_group, index, getattr(self, "param_groups", []))
         unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in _BOOKKEEPING_KEYS)
         if unknown:
             raise ValueError(
@@ -90,6 +105,20 @@ class Optimizer(torch.optim.Optimizer):
             if key in param_group:
                 self.hyper_specs[key].validate(key, param_group[key])
         super().add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        # torch.optim casts floating-point state to its parameter's dtype; 16-bit parameters keep
+        # theirs in float32 (``state_dtype``), so put back the saved values, uncast.
+        saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
+        for saved_id, p in zip(saved_ids, params):
+            saved = state_dict["state"].get(saved_id)
+            if saved is None or state_dtype(p) == p.dtype:
+                continue
+            for key, value in saved.items():
+                if key != "step" and isinstance(value, Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
 
     def _validate(self, group: dict[str, Any]) -> None:
         for key, spec in self.hyper_specs.items():
@@ -125,6 +154,9 @@ class Optimizer(torch.optim.Optimizer):
     def _must_skip(self, work) -> bool:
         grads = [local(p.grad) for _, params in work for p in params]
         flag = self.transform.skip_step(grads) if grads else None
+        if any(type(t).skip_step is not Transform.skip_step for _, t in self.transform.links()):
+            # each rank of a sharded (DTensor) model checks only its own shards: skip on all or none
+            flag = any_rank(flag, [p for group in self.param_groups for p in group["params"]])
         return bool(flag) if flag is not None else False
 
     def _run_bucket(self, group: dict[str, Any], params: list[Tensor]) -> None:
@@ -141,6 +173,11 @@ class Optimizer(torch.optim.Optimizer):
             self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
 
     def _run(self, params, states, values, layout, static) -> None:
+        if not self.transform.elementwise and isinstance(params[0], DTensor):
+            raise NotImplementedError(
+                f"{self.transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
+                " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
+            )
         keys = [k for k in states[0] if k != "step"]
         views = [local(p) for p in params]
         grads = [local(p.grad) for p in params]
@@ -163,9 +200,8 @@ class Optimizer(torch.optim.Optimizer):
                     eager += chosen[n:]
                     break
         if eager:
-            state = {k: [own[i][k] for i in eager] for k in keys}
-            run_chain(self.transform, [views[i] for i in eager], [grads[i] for i in eager], state,
-                      values, layout, static)
+            run_eager(self.transform, [views[i] for i in eager], [grads[i] for i in eager],
+                      [own[i] for i in eager], values, layout, static)
 
     def _runner(self) -> CompiledStep | None:
         if self._use_compiled is None:
@@ -210,6 +246,16 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
+
+
+def _check_disjoint(group: dict[str, Any], index: int, groups: list[dict[str, Any]]) -> None:
+    """Reject a parameter that an earlier group already holds, naming both places."""
+    owner = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+    for j, item in enumerate(group["params"]):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
+        if id(p) in owner:
+            label = f"param_groups[{index}]['params'][{j}]" + (f" ({name!r})" if name else "")
+            raise ValueError(f"{label} is already in param_groups[{owner[id(p)]}]; a parameter belongs to one group")
 
 
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
