@@ -1,0 +1,297 @@
+"""The optimizer step benchmark: median step time of each recipe on a GPT-2-shaped parameter set.
+
+Every row is measured against torch.optim.AdamW(fused=True) and AdamW(foreach=True) in the same
+process, interleaved: the row's optimizer and the two torch optimizers step in turn, round after round
+(the order rotating), so a noisy machine slows all three alike and each ratio compares one time window.
+The two torch optimizers live through the whole run; each recipe's optimizer and its parameters are
+freed before the next (at 124M parameters: about 4 GB for torch's two, 2 GB per recipe).
+Gradients are random and fixed: set once and reused every step. The first (warm-up) step of a compiled
+optimizer includes compilation; its seconds come from ``optimizer.compile_stats`` and are reported
+separately, and timed steps that compiled again are dropped from the median and counted.
+
+The memory-bandwidth bound of a step is ``bytes moved per parameter * parameters / copy bandwidth``,
+the bandwidth measured in the same run as (bytes read + bytes written) / time of ``dst.copy_(src)``.
+Run as ``gradwise bench step`` or ``python bench/step.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+#: GPT-2 shapes: vocab, context, width, blocks. "25m" is named for its blocks; its real count is printed.
+SIZES = {
+    "tiny": (1000, 64, 64, 2),
+    "25m": (50257, 1024, 384, 6),
+    "124m": (50257, 1024, 768, 12),
+}
+#: name: (gradwise class, hyperparameters, bytes read + written per parameter element per step).
+RECIPES = {
+    "AdamW": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1}, 28),  # read p, g, m, v; write p, m, v
+    "Adam": ("Adam", {"lr": 1e-3}, 28),
+    "NAdamW": ("NAdamW", {"lr": 2e-3, "weight_decay": 0.1}, 28),
+    "Lion": ("Lion", {"lr": 1e-4, "weight_decay": 0.1}, 20),  # read p, g, m; write p, m
+    "SGD": ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True}, 20),  # 12 without momentum
+}
+PATHS = ("eager", "compiled")
+#: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
+REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
+WARMUP = 2
+COPY_MB = 512  # source and destination are 512 MiB each: larger than the caches of the machines we use
+
+
+def gpt2_shapes(vocab: int, context: int, width: int, blocks: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The parameter names and shapes of a GPT-2 model (lm_head tied to wte, as in GPT-2)."""
+    out = [("wte", (vocab, width)), ("wpe", (context, width))]
+    for i in range(blocks):
+        for name, shape in (
+            ("ln_1.weight", (width,)), ("ln_1.bias", (width,)),
+            ("attn.c_attn.weight", (width, 3 * width)), ("attn.c_attn.bias", (3 * width,)),
+            ("attn.c_proj.weight", (width, width)), ("attn.c_proj.bias", (width,)),
+            ("ln_2.weight", (width,)), ("ln_2.bias", (width,)),
+            ("mlp.c_fc.weight", (width, 4 * width)), ("mlp.c_fc.bias", (4 * width,)),
+            ("mlp.c_proj.weight", (4 * width, width)), ("mlp.c_proj.bias", (width,)),
+        ):
+            out.append((f"h.{i}.{name}", shape))
+    return out + [("ln_f.weight", (width,)), ("ln_f.bias", (width,))]
+
+
+def count_label(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+# ------------------------------------------------------------------------------ arguments
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1")
+    return value
+
+
+def _names(allowed: tuple[str, ...]):
+    lookup = {a.lower(): a for a in allowed}
+
+    def parse(text: str) -> list[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [n for n in names if n.lower() not in lookup]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r}" + (f" ({', '.join(map(repr, bad))} not allowed)" if bad else "")
+                + f"; allowed values: {', '.join(allowed)} (comma-separated)")
+        return list(dict.fromkeys(lookup[n.lower()] for n in names))
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--size", choices=tuple(SIZES), default="25m",
+                        help="parameter set: GPT-2 small (124m), 6 blocks of width 384 (25m), tiny (tests)")
+    parser.add_argument("--steps", type=_positive_int, default=10, metavar="N",
+                        help=f"timed steps per row, after {WARMUP} warm-up steps (default 10)")
+    parser.add_argument("--threads", type=_positive_int, default=1, metavar="T",
+                        help="torch.set_num_threads (default 1)")
+    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=list(RECIPES),
+                        help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
+    parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
+    parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="compile with the usual on-disk inductor cache (default: a fresh, empty one, so "
+                             "'compile s' is a cold compile)")
+    return parser
+
+
+# ------------------------------------------------------------------------------ measuring
+def _ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def bandwidth(op: str = "copy", repeats: int = 7, megabytes: int = COPY_MB) -> list[float]:
+    """(bytes read + bytes written) / seconds of ``dst.copy_(src)`` (``op="copy"``: 2 x size) or of
+    ``dst.add_(src)`` (``op="add"``: 3 x size), once per repeat, in bytes/s. A copy's destination is
+    written without being read, which costs most CPUs a read too (write-allocate) that is not counted;
+    the in-place add, which reads what it writes like an optimizer step, is reported for comparison."""
+    import torch
+
+    src = torch.ones(megabytes << 18)
+    dst = torch.zeros_like(src)
+    run, moved = (dst.copy_, 2) if op == "copy" else (dst.add_, 3)
+    run(src)  # fault the pages in
+    return [moved * src.nbytes / (_ms(lambda: run(src)) / 1e3) for _ in range(repeats)]
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of every tensor in ``optimizer.state``, the 0-d 'step' counters included."""
+    import torch
+
+    return sum(v.nbytes for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+
+
+class Bench:
+    """A fixed parameter set (values and gradients) and the two torch reference optimizers."""
+
+    def __init__(self, size: str, seed: int = 0):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        self.shapes = gpt2_shapes(*SIZES[size])
+        self.values = [torch.randn(s, generator=generator) * 0.02 for _, s in self.shapes]
+        self.grads = [torch.randn(s, generator=generator) * 1e-3 for _, s in self.shapes]
+        self.numel = sum(v.numel() for v in self.values)
+        self.refs = {name: self.build(torch.optim.AdamW, RECIPES["AdamW"][1], kw) for name, kw in REFERENCES.items()}
+        for opt in self.refs.values():
+            for _ in range(WARMUP):
+                opt.step()
+        self.ref_times: dict[str, list[float]] = {name: [] for name in self.refs}
+
+    def build(self, cls, hyper: dict, extra: dict):
+        import torch
+
+        params = []
+        for value, grad in zip(self.values, self.grads):
+            p = torch.nn.Parameter(value.clone())
+            p.grad = grad  # shared by every optimizer: nothing writes to gradients
+            params.append(p)
+        return cls(params, **hyper, **extra)
+
+    def rounds(self, opt, steps: int) -> tuple[list[float], dict[str, list[float]], int]:
+        """Step ``opt`` and the references in turn; ``opt``'s times (steps that compiled dropped), the
+        references' times in this window, and how many timed steps compiled."""
+        contenders = [("row", opt)] + list(self.refs.items()) if opt is not None else list(self.refs.items())
+        times, compiled, window = [], [], {name: [] for name in self.refs}
+        for r in range(steps):
+            for name, o in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+                before = o.compile_stats["compiles"] if name == "row" else 0
+                t = _ms(o.step)
+                if name != "row":
+                    window[name].append(t)
+                else:
+                    (compiled if o.compile_stats["compiles"] != before else times).append(t)
+        for name, ts in window.items():
+            self.ref_times[name] += ts
+        return times or compiled, window, len(compiled)  # every step compiling: keep them all (and say so)
+
+
+def _row(recipe, path, times, window, bench, moved, bandwidth, nbytes, **extra) -> dict:
+    median = statistics.median(times) if times else float("nan")
+    bound = moved * bench.numel / bandwidth * 1e3
+    row = {"recipe": recipe, "path": path, "median_ms": median, "min_ms": min(times, default=float("nan")),
+           "max_ms": max(times, default=float("nan")), "times_ms": times}
+    row.update(extra)
+    for name, ts in window.items():
+        row[f"{name}_ms"] = statistics.median(ts)
+        row[f"vs_{name}"] = median / statistics.median(ts)
+    row.update({"state_bytes": nbytes, "state_bytes_per_param": nbytes / bench.numel,
+                "bytes_moved_per_param": moved, "bound_ms": bound, "vs_bound": median / bound})
+    return row
+
+
+def measure(args, log=lambda message: None) -> dict:
+    """Run the benchmark described by parsed ``args``; return ``{"header": ..., "rows": [...]}``."""
+    import torch
+
+    import gradwise
+
+    torch.set_num_threads(args.threads)
+    header = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
+              "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg()), "size": args.size,
+              "steps": args.steps, "warmup": WARMUP,
+              "inductor_cache": "warm (the usual cache dir)" if args.warm_cache else "fresh (cold compiles)"}
+    log(f"copy bandwidth ({COPY_MB} MiB buffers)")
+    bandwidths, adds = bandwidth("copy"), bandwidth("add")
+    log(f"parameters and torch references for {args.size}")
+    bench = Bench(args.size)
+    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes)})
+    jobs = [(r, p) for r in args.recipes for p in args.paths]
+    measured = []
+    with _inductor_cache(args.warm_cache):
+        for i, (recipe, path) in enumerate(jobs, 1):
+            log(f"[{i}/{len(jobs)}] {recipe} {path}")
+            cls_name, hyper, moved = RECIPES[recipe]
+            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": path == "compiled"})
+            warmup_ms = [_ms(opt.step) for _ in range(WARMUP)]
+            times, window, recompiled = bench.rounds(opt, args.steps)
+            stats = opt.compile_stats
+            measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
+                warmup_ms=warmup_ms, compile_s=stats["seconds"], compiles=stats["compiles"],
+                timed_compiles=recompiled, hyperparameters=hyper)))
+            del opt
+            gc.collect()
+    if not jobs:
+        bench.rounds(None, args.steps)
+    log("copy bandwidth again")
+    bandwidths, adds = bandwidths + bandwidth("copy"), adds + bandwidth("add")
+    copy_bw = statistics.median(bandwidths)
+    header.update({"copy_bandwidth_gbs": copy_bw / 1e9, "copy_bandwidth_gbs_samples": [b / 1e9 for b in bandwidths],
+                   "add_bandwidth_gbs": statistics.median(adds) / 1e9, "loadavg_end": list(os.getloadavg())})
+    rows = [_row(r, p, t, w, bench, m, copy_bw, b, **x) for r, p, t, w, m, b, x in measured]
+    for name, opt in bench.refs.items():
+        times = bench.ref_times[name]
+        pooled = {n: bench.ref_times[n] for n in bench.refs}
+        rows.append(_row("torch AdamW", name, times, pooled, bench, 28, copy_bw, state_bytes(opt),
+                         warmup_ms=[], compile_s=0.0, compiles=0, timed_compiles=0,
+                         hyperparameters={**RECIPES["AdamW"][1], **REFERENCES[name]}))
+    return {"header": header, "rows": rows}
+
+
+@contextlib.contextmanager
+def _inductor_cache(warm: bool):
+    """Unless ``warm``, compile into a fresh, empty inductor cache (removed afterwards), so the compile
+    seconds are those of a cold compile. The variable is read when inductor first needs its cache."""
+    if warm:
+        yield
+        return
+    previous, directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), tempfile.mkdtemp(prefix="gradwise-bench-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args) -> int:
+    from gradwise.bench_report import console, render
+
+    err = console(stderr=True)
+    result = measure(args, log=lambda message: err.log(message))
+    render(result, console())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="bench/step.py", description=__doc__.split("\n\n")[0]))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

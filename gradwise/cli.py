@@ -1,0 +1,79 @@
+"""The ``gradwise`` command line.
+
+    gradwise list                      the recipes: chain, state buffers, the benchmark's hyperparameters
+    gradwise bench step [--size ...]   optimizer step benchmark (see ``gradwise bench step --help``)
+
+torch, rich and the benchmark are imported only by the subcommand that runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    from gradwise import bench_step  # argument definitions only: no torch at import time
+
+    parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.")
+    commands = parser.add_subparsers(dest="command", metavar="{list,bench}")
+    commands.add_parser("list", help="the recipe table: name, chain, state buffers")
+    bench = commands.add_parser("bench", help="benchmarks")
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}")
+    bench_step.add_arguments(benchmarks.add_parser(
+        "step", help="optimizer step time against torch's fused and foreach AdamW",
+        description=bench_step.__doc__.split("\n\n")[0]))
+    parser.set_defaults(bench_parser=bench)
+    return parser
+
+
+def recipe_table() -> list[dict[str, str]]:
+    """One row per recipe, built with the benchmark's hyperparameters and stepped once on a 2x2 parameter
+    so the state buffers listed are the ones the optimizer really keeps ('step' is the Optimizer's own)."""
+    import torch
+
+    import gradwise
+    from gradwise.bench_step import RECIPES
+
+    rows = []
+    for name, (cls_name, hyper, _) in RECIPES.items():
+        p = torch.nn.Parameter(torch.zeros(2, 2))
+        p.grad = torch.ones(2, 2)
+        opt = getattr(gradwise, cls_name)([p], **hyper, compile=False)
+        opt.step()
+        buffers = [f"{k} ({'like param' if v.shape == p.shape else 'scalar'})" for k, v in opt.state[p].items()]
+        rows.append({"name": name, "chain": repr(opt.transform), "state": ", ".join(buffers),
+                     "hyperparameters": ", ".join(f"{k}={v}" for k, v in hyper.items())})
+    return rows
+
+
+def _list() -> int:
+    from rich.table import Table
+
+    from gradwise.bench_report import console
+
+    table = Table(title="gradwise recipes (state after one step, with the benchmark's hyperparameters)")
+    for column in ("name", "chain", "state buffers", "benchmark hyperparameters"):
+        table.add_column(column, overflow="fold")
+    for row in recipe_table():
+        table.add_row(row["name"], row["chain"], row["state"], row["hyperparameters"])
+    console().print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "list":
+        return _list()
+    if args.benchmark is None:
+        args.bench_parser.error("missing benchmark: choose from 'step'")
+    from gradwise import bench_step
+
+    return bench_step.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
