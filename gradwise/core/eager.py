@@ -5,7 +5,9 @@ on slices of about ``EAGER_CHUNK`` elements, several small parameters batched to
 temporaries then stay small: they come from the allocator's free lists and the caches instead of
 fresh pages (each freshly mapped page costs a fault), which is most of the cost of a foreach step.
 Parameters whose state is not shaped like them (per-parameter scalars) or whose memory is not one
-dense run run whole, as does every parameter of a chain that is not elementwise.
+dense run run whole, as does every parameter of a chain that is not elementwise. State that is not
+shaped like its parameter (a 0-d running product) is only read by ``update`` (``Transform.advance``
+writes it), so every piece of the parameter sees it whole.
 """
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ def run_eager(
             whole.append(i)
             continue
         flat_p, flat_g = _flat_alias(p), _flat_alias(g)
-        flat_state = {k: _flat_alias(v) for k, v in state.items()}
+        flat_state = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
         for start in range(0, p.numel(), EAGER_CHUNK):
             piece = slice(start, start + EAGER_CHUNK)
-            batch.append((flat_p[piece], flat_g[piece], {k: v[piece] for k, v in flat_state.items()}))
+            batch.append((flat_p[piece], flat_g[piece],
+                          {k: v[piece] if v.dim() == 1 and v.shape == flat_p.shape else v for k, v in flat_state.items()}))
             size += batch[-1][0].numel()
             if size >= EAGER_CHUNK:
                 _run_batch(transform, batch, values, layout, static)
@@ -58,7 +61,7 @@ def _sliceable(transform: Transform, p: Tensor, g: Tensor, state: Mapping[str, T
     return (
         transform.elementwise
         and p.numel() > 0
-        and all(v.shape == p.shape for v in state.values())
+        and all(v.shape == p.shape or v.dim() == 0 for v in state.values())
         and _flattenable(p, g, state)
     )
 

@@ -125,7 +125,8 @@ class CompiledStep:
         if self._flatten:
             state = {k: self._flat(v) if v.shape == p.shape else v for k, v in state.items()}
             p, g = self._flat(p), _flat_alias(g)
-        # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64 inputs
+        # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
+        # inputs, should a transform ever write one in update() (Transform.advance is the place)
         state = {k: self._flat(v) if v.dim() == 0 else v for k, v in state.items()}
         before = self.compiles
         start = time.perf_counter()

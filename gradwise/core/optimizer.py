@@ -168,8 +168,13 @@ class Optimizer(torch.optim.Optimizer):
         for i, st in enumerate(states):
             st["step"] += 1
             by_step[int(st["step"])].append(i)
+        advances = any(type(t).advance is not Transform.advance for _, t in self.transform.links())
         for step, members in by_step.items():
-            values, layout = pack(hyper, self.transform.scalars(group, step), dtype, device)
+            scalars = self.transform.scalars(group, step)
+            if advances:
+                for i in members:
+                    self.transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
+            values, layout = pack(hyper, scalars, dtype, device)
             self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
 
     def _run(self, params, states, values, layout, static) -> None:

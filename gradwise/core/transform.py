@@ -73,6 +73,14 @@ class Transform:
         than once per element inside the fused loop, and in double precision, as torch.optim does."""
         return {}
 
+    def advance(self, state: Mapping[str, Tensor], hyper: Mapping[str, Any], scalars: Mapping[str, float]) -> None:
+        """Advance one parameter's state that is not shaped like it (0-d running products and the
+        like), once per step, before ``update``; ``scalars`` are this link's values for the step.
+
+        ``update`` may only write state shaped like the parameter: that is what lets the executor
+        run it on any slicing of the parameter (eager pieces, flat views) without repeating a write.
+        """
+
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 
@@ -125,6 +133,11 @@ class Chain(Transform):
 
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         return {f"{name}.{k}": v for name, t in self.links() for k, v in t.scalars(hyper, step).items()}
+
+    def advance(self, state: Mapping[str, Tensor], hyper: Mapping[str, Any], scalars: Mapping[str, float]) -> None:
+        for name, t in self.links():
+            if type(t).advance is not Transform.advance:
+                t.advance(_strip(name, state), hyper, _strip(name, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         for name, t in self.links():

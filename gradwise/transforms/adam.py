@@ -69,12 +69,14 @@ class scale_by_nadam(Transform):  # noqa: N801
             "bias_correction2": 1 - b2**step,
         }
 
+    def advance(self, state, hyper, scalars) -> None:
+        state["mu_product"].mul_(scalars["mu"])
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b1, b2 = ctx["betas"]
         eps, mu, mu_next, bias2 = ctx["eps"], ctx["mu"], ctx["mu_next"], ctx["bias_correction2"]
         out = []
         for u, m, v, mu_product in zip(updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"]):
-            mu_product.mul_(mu)
             m.mul_(b1).add_(u * (1 - b1))
             v.mul_(b2).add_(u * u * (1 - b2))
             denom = (v / bias2).sqrt() + eps
