@@ -100,3 +100,17 @@ def test_compiled_equals_eager(case: Case, dtype):
     assert compiled_optimizers[0].compile_stats["compiles"] >= 1, "the compiled path did not compile"
     tight = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-7)
     assert_trajectories_close(compiled, eager, dtype, **tight)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compiled_groups_equal_eager(case: Case):
+    """Enough parameters, each of its own length, to fill a grouped compiled call and leave a remainder."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.randn(n + 2, generator=gen).requires_grad_() for n in range(19)]
+    holder = []
+    compiled = run_bag(lambda p: holder.append(case.ours(p, compile=True)) or holder[-1], _clone(params),
+                       torch.float32, 10)
+    eager = run_bag(lambda p: case.ours(p, compile=False), _clone(params), torch.float32, 10)
+    assert holder[0].compile_stats["compiles"] == 2, "one grouped graph and one single-parameter graph"
+    assert_trajectories_close(compiled, eager, torch.float32, rtol=1e-6, atol=1e-7)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config
 
 from gradwise.core.transform import Context, Transform, state_dtype
 
@@ -75,13 +76,16 @@ def run_chain(
         p.add_(u)
 
 
-def _step_one(transform, param, grad, state, values, layout, static):
-    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static)
+#: parameters per compiled call: one dynamo call's overhead (tens of microseconds) is shared by this many.
+GROUP = 8
 
 
 class CompiledStep:
-    """``torch.compile`` of one parameter's step, with its own dynamo cache, counted and timed.
+    """``torch.compile`` of the chain's step, with its own dynamo cache, counted and timed.
 
+    An elementwise chain is compiled for flat 1-D tensors of symbolic length, ``GROUP`` parameters
+    per call (each its own length) plus single parameters for the remainder: two graphs serve every
+    parameter whatever its shape. Other chains are compiled one parameter at a time for its shape.
     Each instance compiles a private copy of the step function, so optimizers never share (or
     exhaust) one recompile budget. ``compiles`` counts graph compilations and ``compile_seconds``
     adds up the wall time of the calls that compiled (tracing, code generation and that first run).
@@ -91,7 +95,8 @@ class CompiledStep:
         self.transform = transform
         self.compiles = 0
         self.compile_seconds = 0.0
-        fn = _private_copy(_step_one)
+        self.done = 0
+        fn = _private_copy(run_chain)
         self._flatten = transform.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         self._compiled = torch.compile(fn, backend=self._backend, dynamic=self._flatten, fullgraph=True)
@@ -120,21 +125,35 @@ class CompiledStep:
             return False
         return not self._flatten or _flattenable(p, g, state)
 
-    def __call__(self, p: Tensor, g: Tensor, state: Mapping[str, Tensor], values: Tensor, layout, static) -> None:
-        """Step one parameter (``accepts`` must have said yes)."""
+    def __call__(self, params, grads, states, values: Tensor, layout, static) -> int:
+        """Step the parameters (``accepts`` must have said yes to each). ``done`` counts the ones
+        stepped, so that a caller can finish the rest eagerly if a compilation fails."""
+        self.done = 0
+        size = GROUP if self._flatten else 1
+        while self.done < len(params):
+            n = size if len(params) - self.done >= size else 1
+            batch = slice(self.done, self.done + n)
+            self._call(params[batch], grads[batch], states[batch], values, layout, static)
+            self.done += n
+        return self.done
+
+    def _call(self, params, grads, states, values, layout, static) -> None:
         if self._flatten:
-            state = {k: self._flat(v) if v.shape == p.shape else v for k, v in state.items()}
-            p, g = self._flat(p), _flat_alias(g)
+            states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
+                      for p, st in zip(params, states)]
+            params, grads = [self._flat(p) for p in params], [_flat_alias(g) for g in grads]
         # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
         # inputs, should a transform ever write one in update() (Transform.advance is the place)
-        state = {k: self._flat(v) if v.dim() == 0 else v for k, v in state.items()}
+        state = {k: [self._flat(st[k]) if st[k].dim() == 0 else st[k] for st in states] for k in states[0]}
         before = self.compiles
         start = time.perf_counter()
-        self._compiled(self.transform, p, g, state, values, layout, static)
+        with fx_config.patch(use_duck_shape=False):  # equal lengths today need not be equal tomorrow
+            self._compiled(self.transform, params, grads, state, values, layout, static)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
-            logger.info("compiled %r for %s %s tensors in %.2f s", self.transform, p.dtype, p.device, seconds)
+            logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.transform, len(params),
+                        params[0].dtype, params[0].device, seconds)
 
 
 def _flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:

@@ -193,17 +193,16 @@ class Optimizer(torch.optim.Optimizer):
             chosen = [i for i in eager if runner.accepts(views[i], grads[i], own[i])]
             compiled = set(chosen)
             eager = [i for i in eager if i not in compiled]
-            for n, i in enumerate(chosen):
-                try:
-                    runner(views[i], grads[i], own[i], values, layout, static)
-                except Exception as error:  # under "auto", a failed compile falls back to eager
-                    if self.compile is True or not _is_compile_error(error):
-                        raise
-                    warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on",
-                                  stacklevel=4)
-                    self._use_compiled = False
-                    eager += chosen[n:]
-                    break
+            try:
+                runner([views[i] for i in chosen], [grads[i] for i in chosen], [own[i] for i in chosen],
+                       values, layout, static)
+            except Exception as error:  # under "auto", a failed compile falls back to eager
+                if self.compile is True or not _is_compile_error(error):
+                    raise
+                warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on",
+                              stacklevel=4)
+                self._use_compiled = False
+                eager += chosen[runner.done:]
         if eager:
             run_eager(self.transform, [views[i] for i in eager], [grads[i] for i in eager],
                       [own[i] for i in eager], values, layout, static)
