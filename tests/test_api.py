@@ -637,3 +637,36 @@ def test_state_dict_round_trip_resumes_bit_identically(name, compile):
     assert opt.param_groups[0]["lr"] == resumed.param_groups[0]["lr"]
     if compile:
         assert resumed.compile_stats["compiles"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bfloat16], ids=str)
+def test_resume_keeps_real_or_float32_state(dtype):
+    """Complex parameters keep state on their real view and 16-bit ones in float32, through a checkpoint."""
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(6, 3, generator=gen).to(dtype)
+
+    def grads(step):
+        return torch.randn(6, 3, generator=torch.Generator().manual_seed(step)).to(dtype)
+
+    a = start.clone().requires_grad_()
+    opt = gradwise.AdamW([a], lr=0.05, compile=False)
+    for step in range(3):
+        a.grad = grads(step)
+        opt.step()
+    buf = io.BytesIO()
+    torch.save({"p": a.detach().clone(), "opt": opt.state_dict()}, buf)
+    for step in range(3, 6):
+        a.grad = grads(step)
+        opt.step()
+
+    buf.seek(0)
+    checkpoint = torch.load(buf)
+    b = checkpoint["p"].clone().requires_grad_()
+    resumed = gradwise.AdamW([b], lr=0.05, compile=False)
+    resumed.load_state_dict(checkpoint["opt"])
+    assert not resumed.state[b]["adam.exp_avg"].is_complex()
+    assert resumed.state[b]["adam.exp_avg"].dtype in (torch.float32,)
+    for step in range(3, 6):
+        b.grad = grads(step)
+        resumed.step()
+    assert torch.equal(a, b)
