@@ -48,3 +48,6 @@ CASES = [
     Case("lion", gradwise.Lion, _lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
     Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
 ]
+
+#: every recipe class the registry covers, for the generic tests that need a class, not a case.
+RECIPES = list(dict.fromkeys(c.recipe for c in CASES))

@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 import gradwise
+from tests.registry import CASES
 
 F64 = dict(rtol=1e-10, atol=1e-12)
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -596,22 +597,12 @@ def test_without_skip_nonfinite_nan_propagates():
 
 
 # ----------------------------------------------------------------------------------------- resuming
-RECIPES = {
-    "sgd-momentum": (gradwise.SGD, dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
-    "adam": (gradwise.Adam, dict(lr=0.01, weight_decay=1e-3)),
-    "adamw": (gradwise.AdamW, dict(lr=0.01, weight_decay=0.1)),
-    "nadamw": (gradwise.NAdamW, dict(lr=0.01, weight_decay=0.1)),
-    "lion": (gradwise.Lion, dict(lr=1e-3, weight_decay=0.1)),
-}
-
-
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
-@pytest.mark.parametrize("name", list(RECIPES))
-def test_state_dict_round_trip_resumes_bit_identically(name, compile):
-    recipe, kwargs = RECIPES[name]
+@pytest.mark.parametrize("case", [c for c in CASES if c.trains], ids=lambda c: c.name)
+def test_state_dict_round_trip_resumes_bit_identically(case, compile):
     n = 3
     model = _mlp()
-    opt = recipe(model.named_parameters(), compile=compile, **kwargs)
+    opt = case.ours(model.named_parameters(), compile=compile)
     scheduler = lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     _train_mlp(model, opt, n, scheduler=scheduler)
     buf = io.BytesIO()
@@ -621,7 +612,7 @@ def test_state_dict_round_trip_resumes_bit_identically(name, compile):
     buf.seek(0)
     checkpoint = torch.load(buf)
     resumed_model = _mlp(seed=123)
-    resumed = recipe(resumed_model.named_parameters(), compile=compile, **kwargs)
+    resumed = case.ours(resumed_model.named_parameters(), compile=compile)
     resumed_scheduler = lr_scheduler.StepLR(resumed, step_size=2, gamma=0.5)
     resumed_model.load_state_dict(checkpoint["model"])
     resumed.load_state_dict(checkpoint["opt"])

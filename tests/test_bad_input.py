@@ -10,8 +10,8 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 import gradwise
+from tests.registry import RECIPES
 
-RECIPES = [gradwise.SGD, gradwise.Adam, gradwise.AdamW, gradwise.NAdamW, gradwise.Lion]
 ADAM_LIKE = [gradwise.Adam, gradwise.AdamW, gradwise.NAdamW]
 
 
