@@ -1,10 +1,11 @@
-"""Running a chain over a bucket of parameters: the eager reference path and the compiled path.
+"""Running a chain: ``run_chain`` (one step over aligned lists, the math as written) and the
+compiled path, ``CompiledStep``. (The eager path, ``eager.py``, calls ``run_chain`` on pieces.)
 
-Eager: the chain's list code runs once over the whole bucket. Compiled: ``torch.compile`` turns the
-chain into one fused loop that reads grad, param and state once and writes param and state once; for
-an elementwise chain it is compiled for 1-D tensors of symbolic length, so one compilation serves
-every parameter of the bucket whatever its shape, and nothing is allocated per step.
-Hyperparameters arrive as 0-d tensors, so changing them never recompiles.
+Compiled: ``torch.compile`` turns the chain into one fused loop per parameter that reads grad, param
+and state once and writes param and state once, allocating nothing per step. An elementwise chain is
+compiled for flat 1-D tensors of symbolic length, so two graphs (a group of parameters, and one
+parameter) serve every parameter whatever its shape. Hyperparameters and per-step scalars arrive
+packed in one tensor, so changing them never recompiles.
 """
 from __future__ import annotations
 
