@@ -97,6 +97,7 @@ class CompiledStep:
         self.compiles = 0
         self.compile_seconds = 0.0
         self.done = 0
+        self._compiled_for: set[tuple] = set()
         fn = _private_copy(run_chain)
         self._flatten = transform.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
@@ -146,9 +147,15 @@ class CompiledStep:
         # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
         # inputs, should a transform ever write one in update() (Transform.advance is the place)
         state = {k: [self._flat(st[k]) if st[k].dim() == 0 else st[k] for st in states] for k in states[0]}
+        key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
         before = self.compiles
         start = time.perf_counter()
         with fx_config.patch(use_duck_shape=False):  # equal lengths today need not be equal tomorrow
+            if key not in self._compiled_for:
+                # compile on copies first: a graph that fails to compile then changes nothing
+                copies = {k: [v.clone() for v in vs] for k, vs in state.items()}
+                self._compiled(self.transform, [p.clone() for p in params], grads, copies, values, layout, static)
+                self._compiled_for.add(key)
             self._compiled(self.transform, params, grads, state, values, layout, static)
         if self.compiles != before:
             seconds = time.perf_counter() - start

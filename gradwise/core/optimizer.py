@@ -160,22 +160,36 @@ class Optimizer(torch.optim.Optimizer):
         return bool(flag) if flag is not None else False
 
     def _run_bucket(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        fresh = [p for p in params if p not in self.state]
         states = [self._state_for(p, group) for p in params]
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
-        by_step: dict[int, list[int]] = defaultdict(list)
-        for i, st in enumerate(states):
-            st["step"] += 1
-            by_step[int(st["step"])].append(i)
         advances = any(type(t).advance is not Transform.advance for _, t in self.transform.links())
-        for step, members in by_step.items():
-            scalars = self.transform.scalars(group, step)
-            if advances:
-                for i in members:
+        # A failed step changes nothing in this bucket: counters, the scalar state that advance()
+        # writes and newly created state are put back (param-shaped state is written only by a
+        # graph that compiled, on copies first, so a compile failure never reaches it).
+        saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] if advances else []
+        try:
+            by_step: dict[int, list[int]] = defaultdict(list)
+            for i, st in enumerate(states):
+                st["step"] += 1
+                by_step[int(st["step"])].append(i)
+            for step, members in by_step.items():
+                scalars = self.transform.scalars(group, step)
+                for i in members if advances else ():
                     self.transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
-            values, layout = pack(hyper, scalars, dtype, device)
-            self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
+                values, layout = pack(hyper, scalars, dtype, device)
+                self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
+        except BaseException:
+            for st in states:
+                st["step"] -= 1
+            for st, old in zip(states, saved):
+                for k, v in old.items():
+                    st[k].copy_(v)
+            for p in fresh:
+                del self.state[p]
+            raise
 
     def _run(self, params, states, values, layout, static) -> None:
         if not self.transform.elementwise and isinstance(params[0], DTensor):
