@@ -183,6 +183,48 @@ def algoperf_baseline(step_hint: int, warmup_fraction: float = 0.05) -> Schedule
     return warmup(w, start=1e-10) + cosine(max(hint - w, 1))
 
 
+def auto_warmup_steps(beta2: float, total_steps: int, fallback_fraction: float = 0.22) -> int:
+    """Ma & Yarats (2021, "On the adequacy of untuned warmup for adaptive optimization"): warm Adam
+    up for ``ceil(2 / (1 - beta2))`` steps; as Ranger21, ``int(fallback_fraction * total_steps)`` when
+    that is more than 45% of the budget."""
+    if isinstance(beta2, bool) or not isinstance(beta2, numbers.Real) or not 0.0 <= beta2 < 1.0:
+        raise ValueError(f"invalid beta2={beta2!r}: expected a number in [0, 1)")
+    total = _length("total_steps", total_steps)
+    if total < 1:
+        raise ValueError(f"invalid total_steps={total_steps!r}: expected an integer >= 1")
+    steps = math.ceil(2.0 / (1.0 - beta2))
+    return int(_fraction("fallback_fraction", fallback_fraction) * total) if steps / total > 0.45 else steps
+
+
+class ranger21_schedule(Schedule):  # noqa: N801
+    """Ranger21's warmup and explore-exploit warm-down, exactly as its code counts steps (s = t + 1):
+
+    f = min(1, s / warmup_steps) for s <= warmup_steps, else 1;  from s >= S = total - warmdown_steps:
+    f = max(1 - (1 - min_factor) min(max(s + 1 - S, 1) / (warmdown_steps + 1), 1), min_factor)
+    (the warm-down replaces the warmup factor, as in the reference).
+    """
+
+    def __init__(self, total_steps: int, warmup_steps: int, warmdown_steps: int, min_factor: float):
+        self.length = _length("total_steps", total_steps)
+        self.warmup_steps = _length("warmup_steps", warmup_steps)
+        self.warmdown_steps = _length("warmdown_steps", warmdown_steps)
+        self.min_factor = _factor("min_factor", min_factor)
+        _check_budget(self.length, warmup_steps=self.warmup_steps, warmdown_steps=self.warmdown_steps)
+
+    def _at(self, t: int) -> float:
+        s, start = t + 1, self.length - self.warmdown_steps
+        if self.warmdown_steps and s >= start:
+            pct = min(max(s + 1 - start, 1) / (self.warmdown_steps + 1), 1.0)
+            return max(1.0 - (1.0 - self.min_factor) * pct, self.min_factor)
+        if self.warmup_steps and s <= self.warmup_steps:
+            return min(1.0, s / self.warmup_steps)
+        return 1.0
+
+    def __repr__(self) -> str:
+        return (f"ranger21_schedule({self.length}, warmup_steps={self.warmup_steps},"
+                f" warmdown_steps={self.warmdown_steps}, min_factor={self.min_factor})")
+
+
 class ScheduleLR(torch.optim.lr_scheduler.LRScheduler):
     """A torch LR scheduler that sets every group's lr to ``initial_lr * schedule(t)`` at step ``t``.
 
@@ -204,6 +246,6 @@ class ScheduleLR(torch.optim.lr_scheduler.LRScheduler):
 
 
 __all__ = [
-    "Schedule", "ScheduleLR", "Sequence", "algoperf_baseline", "constant", "cosine", "explore_exploit",
-    "linear_decay", "warmup", "warmup_stable_decay",
+    "Schedule", "ScheduleLR", "Sequence", "algoperf_baseline", "auto_warmup_steps", "constant", "cosine",
+    "explore_exploit", "linear_decay", "ranger21_schedule", "warmup", "warmup_stable_decay",
 ]

@@ -1,0 +1,54 @@
+"""Ranger21's two parameter regularizers, added to the update before the learning rate.
+
+- ``add_stable_weight_decay`` (Xie et al., 2023, "On the Overlooked Pitfalls of Weight Decay and How
+  to Mitigate Them", arXiv:2011.11152): u <- u + wd / n p, with n = ``variance_normalizer``, the square
+  root of the mean of Adam's bias-corrected second moment over all parameters. A transform sees one
+  parameter at a time, so the recipe sets n in the group before each step (``Ranger21`` does); left at
+  its default 1 this is decoupled weight decay.
+- ``add_norm_loss`` (Georgiou et al., 2021, "Norm Loss", arXiv:2104.06800; as in Ranger21):
+  u <- u + 2 f (1 - 1 / (||p||_unit + eps)) p, pulling each unit (row) of p toward norm 1, with
+  f = ``normloss_factor`` and the unit norms of ``gradient_shaping.unit_norm``.
+
+Ranger21's code shrinks p by the two factors one after the other and then takes the step; added to
+the update they differ from it by a term of order lr^2 wd f per step (below 1e-13 of p at Ranger21's
+defaults).
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, non_negative, positive
+from gradwise.core.transform import Context, Transform
+from gradwise.transforms.gradient_shaping import unit_norm
+
+
+class add_stable_weight_decay(Transform):  # noqa: N801
+    """u <- u + (weight_decay / variance_normalizer) p."""
+
+    name = "stable_weight_decay"
+    hyper = {
+        "weight_decay": Hyper(0.0, non_negative, zero_is_identity=True),
+        "variance_normalizer": Hyper(1.0, positive),
+    }
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("weight_decay"):
+            return updates
+        rate = ctx["weight_decay"] / ctx["variance_normalizer"]
+        return [u + p * rate for u, p in zip(updates, ctx.params)]
+
+
+class add_norm_loss(Transform):  # noqa: N801
+    """u <- u + 2 normloss_factor (1 - 1 / (unit_norm(p) + eps)) p."""
+
+    name = "norm_loss"
+    elementwise = False
+    hyper = {"normloss_factor": Hyper(1e-4, non_negative), "eps": Hyper(1e-8, positive)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        factor, eps = ctx["normloss_factor"], ctx["eps"]
+        out = []
+        for u, p in zip(updates, ctx.params):
+            p = p.to(u.dtype)
+            out.append(u + p * (2 * factor * (1 - 1 / (unit_norm(p) + eps))))
+        return out
