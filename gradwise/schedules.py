@@ -209,7 +209,8 @@ class ranger21_schedule(Schedule):  # noqa: N801
         self.warmup_steps = _length("warmup_steps", warmup_steps)
         self.warmdown_steps = _length("warmdown_steps", warmdown_steps)
         self.min_factor = _factor("min_factor", min_factor)
-        _check_budget(self.length, warmup_steps=self.warmup_steps, warmdown_steps=self.warmdown_steps)
+        _check_budget(self.length, warmup_steps=self.warmup_steps)  # the warm-down may overlap the warmup
+        _check_budget(self.length, warmdown_steps=self.warmdown_steps)
 
     def _at(self, t: int) -> float:
         s, start = t + 1, self.length - self.warmdown_steps

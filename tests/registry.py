@@ -47,6 +47,12 @@ def _schedulefree(name):
     return make
 
 
+def _ranger21(params, **kwargs):
+    from pytorch_optimizer import Ranger21
+
+    return Ranger21(params, foreach=False, **kwargs)
+
+
 CASES = [
     Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
     Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
@@ -61,5 +67,7 @@ CASES = [
          dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
     Case("schedule-free-sgd", gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
          dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0, weight_lr_power=1.0)),
+    Case("ranger21", gradwise.Ranger21, _ranger21, dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
+         dict(lr=3e-3, num_iterations=50, beta0=0.9)),
     Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
 ]

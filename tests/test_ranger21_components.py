@@ -10,7 +10,7 @@ from gradwise import chain, scale_by_learning_rate
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient, unit_norm
 from gradwise.transforms.learning_rate import scale_by_schedule
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay
+from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay, shrink_like_ranger21
 from gradwise import schedules
 from tests.models import bag_of_tensors
 from tests.references import ranger21_components as ref
@@ -142,3 +142,24 @@ def test_paper_formulas_agree_with_the_ranger21_package():
         package.agc_clip_val, package.agc_eps = 0.5, 1e-3
         r21.Ranger21.agc(package, holder)
         torch.testing.assert_close(ref.agc(p, g, 0.5, 1e-3), holder.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point():
+    schedule = schedules.warmup(10) + schedules.constant(200)
+    wd, normalizer, factor, eps = 0.5, 0.5, 0.05, 1e-8
+    params = bag_of_tensors(torch.float64)
+    ours, theirs = _clone(params), [p.detach().clone() for p in params]
+    optimizer = gradwise.Optimizer(ours, chain(scale_by_learning_rate(), shrink_like_ranger21(schedule)), compile=False,
+                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor, eps=eps)
+    for step in range(STEPS):
+        grads = _random_grads(params, step)
+        for p, g in zip(ours, grads):
+            p.grad = g
+        optimizer.step()
+        lr_t = LR * schedule(step)
+        for p, g in zip(theirs, grads):
+            p *= 1 - lr_t * wd / normalizer
+            p -= lr_t * ref.norm_loss_term(p, factor, eps)
+            p -= LR * g
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64], msg=lambda m: f"step {step} tensor {i}: {m}")

@@ -14,7 +14,7 @@ from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_ag
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay
+from gradwise.transforms.regularizers import shrink_like_ranger21
 
 
 class Ranger21(Optimizer):
@@ -23,7 +23,8 @@ class Ranger21(Optimizer):
 
         g <- agc(g);  g <- centralize(g);  g <- normalize(g)          (each optional)
         d <- pnm_adam(g)  (positive-negative momentum, AMSGrad max, softplus denominator)
-        u <- d + weight_decay / n p + norm_loss(p);  p <- p - lr f(t) u;  lookahead every k steps
+        p <- p (1 - a)(1 - b) - lr f(t) d;  lookahead every k steps
+        (a = lr f(t) weight_decay / n: stable weight decay; b: norm loss at p (1 - a))
 
     with n the square root of the mean bias-corrected second moment over all parameters (stable weight
     decay) and f Ranger21's linear warmup (``num_warmup_iterations``, by default 2 / (1 - beta2)) and
@@ -61,15 +62,16 @@ class Ranger21(Optimizer):
                             ("logging_active", logging_active)):
             boolean(name, value)
         total = _budget(num_epochs, num_batches_per_epoch, num_iterations)
-        schedule = _schedule(lr, betas, total, use_warmup, num_warmup_iterations, warmup_pct_default,
+        # the warm-down's start as each reference rounds it: int(pct * epochs * batches) or int(pct * iterations)
+        factors = (num_iterations,) if num_iterations is not None else (num_epochs, num_batches_per_epoch)
+        schedule = _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default,
                              warmdown_active, warmdown_start_pct, warmdown_min_lr)
         shaping = [clip_by_agc()] if use_adaptive_gradient_clipping else []
         shaping += [centralize_gradient()] if using_gc else []
         shaping += [normalize_gradient()] if using_normgc else []
         links = shaping + [scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only),
-                           add_stable_weight_decay()]
-        links += [add_norm_loss()] if normloss_active else []
-        links += [scale_by_schedule(schedule), scale_by_learning_rate()]
+                           scale_by_schedule(schedule), scale_by_learning_rate(),
+                           shrink_like_ranger21(schedule, norm_loss=normloss_active)]
         links += [lookahead()] if lookahead_active else []
         hyper = dict(lr=lr, betas=betas, eps=eps, pnm_momentum_factor=pnm_momentum_factor, softplus=softplus,
                      beta_softplus=float(beta_softplus), weight_decay=weight_decay)
@@ -77,8 +79,7 @@ class Ranger21(Optimizer):
             hyper.update(agc_clipping_value=agc_clipping_value, agc_eps=agc_eps)
         if using_gc:
             hyper.update(gc_conv_only=gc_conv_only)
-        if normloss_active:
-            hyper.update(normloss_factor=normloss_factor)
+        hyper.update(normloss_factor=normloss_factor if normloss_active else 0.0)
         if lookahead_active:
             hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
         self.schedule = schedule
@@ -145,7 +146,7 @@ def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
     return total
 
 
-def _schedule(lr, betas, total, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
+def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
               warmdown_start_pct, warmdown_min_lr):
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"invalid lr={lr!r}: expected a finite number > 0")
@@ -157,7 +158,10 @@ def _schedule(lr, betas, total, use_warmup, num_warmup_iterations, warmup_pct_de
     if warmdown_active:
         if not isinstance(warmdown_start_pct, (int, float)) or not 0.0 <= warmdown_start_pct <= 1.0:
             raise ValueError(f"invalid warmdown_start_pct={warmdown_start_pct!r}: expected a number in [0, 1]")
-        warmdown = total - int(warmdown_start_pct * total)
+        start = warmdown_start_pct
+        for factor in factors:
+            start *= factor
+        warmdown = total - int(start)
     if not isinstance(warmdown_min_lr, (int, float)) or not 0.0 <= warmdown_min_lr <= lr:
         raise ValueError(f"invalid warmdown_min_lr={warmdown_min_lr!r}: expected a number in [0, lr={lr!r}]")
     return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr)
