@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import math
 
 import pytest
 import torch
@@ -108,3 +109,55 @@ def test_checkpoint_resumes_exactly(mode):
 def test_bad_input(kwargs, error, message):
     with pytest.raises(error, match=message):
         gradwise.Ranger21([torch.nn.Parameter(torch.zeros(2, 2))], lr=1e-3, **kwargs)
+
+
+def _package(params, **kwargs):
+    r21 = pytest.importorskip("ranger21")
+    with contextlib.redirect_stdout(io.StringIO()):
+        return r21.Ranger21(params, **kwargs)
+
+
+def _growing_gradient_run(make, steps, resume_at=None):
+    """One parameter tensor, gradients growing 5% a step (so a running max of v equals v): the regime in
+    which the authors' package's three slips (see README) change nothing."""
+    p = torch.nn.Parameter(torch.randn(6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    optimizer = make([p])
+    base = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    trajectory = []
+    for step in range(steps):
+        if step == resume_at:
+            saved = copy.deepcopy(optimizer.state_dict())
+            optimizer = make([p])
+            optimizer.load_state_dict(saved)
+        p.grad = base * 1.05**step
+        with contextlib.redirect_stdout(io.StringIO()):
+            optimizer.step()
+        trajectory.append([p.detach().clone()])
+    return trajectory
+
+
+# AGC, gradient centralization and normalization off: normalization would undo the growth
+PACKAGE_CASE = dict(lr=1e-2, weight_decay=0.0, use_adaptive_gradient_clipping=False, using_gc=False,
+                    using_normgc=False, num_epochs=12, num_batches_per_epoch=10, num_warmup_iterations=20)
+
+
+def test_matches_the_ranger21_package_where_its_slips_are_inert():
+    # the package divides positive-negative momentum by sqrt((1 + b2)^2 + b2^2) where the PNM paper (and
+    # pytorch-optimizer) use beta0 = 1 in its place: a constant factor on the step, moved here into lr;
+    # norm loss, which the factor does not touch, is off
+    b2 = 0.999
+    factor = math.sqrt(5) / math.sqrt((1 + b2) ** 2 + b2**2)
+    case = dict(PACKAGE_CASE, lr=PACKAGE_CASE["lr"] * factor, warmdown_min_lr=3e-5 * factor, normloss_active=False)
+    ours = _growing_gradient_run(lambda p: gradwise.Ranger21(p, compile=False, **case), STEPS)
+    theirs = _growing_gradient_run(lambda p: _package(p, **dict(PACKAGE_CASE, normloss_active=False)), STEPS)
+    assert_trajectories_close(ours, theirs, torch.float64)
+
+
+def test_ranger21_package_loses_lookahead_on_resume_and_we_do_not():
+    """The package keeps its Lookahead counter outside ``state_dict``: a resumed run merges at other steps."""
+    resumed = _growing_gradient_run(lambda p: _package(p, **PACKAGE_CASE), 40, resume_at=13)
+    straight = _growing_gradient_run(lambda p: _package(p, **PACKAGE_CASE), 40)
+    assert not torch.allclose(resumed[-1][0], straight[-1][0], rtol=1e-6, atol=0)
+    resumed = _growing_gradient_run(lambda p: gradwise.Ranger21(p, compile=False, **PACKAGE_CASE), 40, resume_at=13)
+    straight = _growing_gradient_run(lambda p: gradwise.Ranger21(p, compile=False, **PACKAGE_CASE), 40)
+    assert torch.equal(resumed[-1][0], straight[-1][0])
