@@ -133,3 +133,37 @@ def test_bad_input(kwargs, message):
 def test_sgd_momentum_must_be_in_open_unit_interval(momentum):
     with pytest.raises(ValueError, match=f"momentum={momentum}"):
         gradwise.ScheduleFreeSGD([torch.nn.Parameter(torch.zeros(2))], momentum=momentum)
+
+
+def test_train_and_eval_only_record_the_mode_for_other_chains():
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer = gradwise.AdamW([p], lr=0.1, compile=False)
+    assert optimizer.eval() is optimizer and optimizer.mode == "eval"
+    p.grad = torch.ones(3)
+    optimizer.step()  # nothing to move between points: stepping in eval mode is allowed
+    assert not torch.equal(p.detach(), torch.ones(3))
+    with pytest.raises(TypeError, match="mode='yes'"):
+        optimizer.train("yes")
+
+
+def test_bad_mode_in_a_state_dict_is_refused():
+    optimizer = gradwise.ScheduleFreeSGD([torch.nn.Parameter(torch.ones(3))], compile=False)
+    state = optimizer.state_dict()
+    state["gradwise"]["mode"] = "inference"
+    with pytest.raises(ValueError, match="mode.*'inference'"):
+        optimizer.load_state_dict(state)
+
+
+def test_bfloat16_parameters_move_between_points_through_float32_z():
+    model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    optimizer = gradwise.ScheduleFreeAdamW(model.parameters(), lr=0.01, compile=False)
+    for step in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(2, 8, dtype=torch.bfloat16)).float().square().mean().backward()
+        optimizer.step()
+    assert all(optimizer.state[p]["schedule_free.z"].dtype == torch.float32 for p in model.parameters())
+    y = _weights(model)
+    optimizer.eval()
+    optimizer.train()
+    for a, b in zip(_weights(model), y):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)

@@ -94,7 +94,9 @@ class CompiledStep:
         fn = _private_copy(_step_one)
         self._flatten = transform.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
-        self._compiled = torch.compile(fn, backend=self._backend, dynamic=self._flatten, fullgraph=True)
+        # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
+        # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
+        self._compiled = torch.compile(fn, backend=self._backend, dynamic=True, fullgraph=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx
@@ -125,6 +127,9 @@ class CompiledStep:
         if self._flatten:
             state = {k: self._flat(v) if v.shape == p.shape else v for k, v in state.items()}
             p, g = self._flat(p), _flat_alias(g)
+        elif isinstance(p, torch.nn.Parameter):
+            # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
+            p = p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
         # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
         # inputs, should a transform ever write one in update() (Transform.advance is the place)
         state = {k: self._flat(v) if v.dim() == 0 else v for k, v in state.items()}

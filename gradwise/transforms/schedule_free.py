@@ -9,6 +9,9 @@ g / (sqrt(v_hat) + eps) + wd y), c_t = w_t / sum_{s<=t} w_s and w_t = t^r lr_max
 which updates y without storing x. The model holds y while training and x = (y - (1 - beta) z) / beta
 while evaluating: ``Optimizer.eval()`` and ``train()`` move it (``set_mode``). ``lr`` is warmed up
 linearly over ``warmup_steps`` (lr * t / warmup_steps), as the ``schedulefree`` package does.
+lr_max, the weight sum and c live in each parameter's state (0-d float64), so they are saved with it;
+like the step count, they advance on the steps the parameter has a gradient (the package keeps one
+set per param group and advances it on every step).
 """
 from __future__ import annotations
 
