@@ -46,18 +46,24 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         self.elementwise = not (recentralize or renormalize)
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
+        # the buffer fed this step (grad_ma on odd steps, neg_grad_ma on even ones) moves by 1 - b1^2,
+        # the other by 0, and they combine as (1 + beta0) this - beta0 other: per-step constants, no select
         b1, b2 = hyper["betas"]
         beta0 = float(hyper["pnm_momentum_factor"])
+        odd = step % 2 == 1
+        rate = 1 - b1 * b1
         return {
-            "odd": float(step % 2 == 1),
+            "pos_rate": rate if odd else 0.0,
+            "neg_rate": 0.0 if odd else rate,
+            "pos_coef": 1 + beta0 if odd else -beta0,
+            "neg_coef": -beta0 if odd else 1 + beta0,
             "inv_bias1": 1 / (1 - b1**step),
             "bias2_sqrt": math.sqrt(1 - b2**step),
             "inv_noise_norm": 1 / math.sqrt((1 + beta0) ** 2 + beta0**2),
         }
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b1, b2 = ctx["betas"]
-        beta0, eps, odd = ctx["pnm_momentum_factor"], ctx["eps"], ctx["odd"]
+        b2, eps = ctx["betas"][1], ctx["eps"]
         out = []
         buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
         for u, (pos, neg, v, v_max) in zip(updates, buffers):
@@ -68,11 +74,9 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
                 denom = F.softplus(denom, beta=ctx["beta_softplus"])
             g = centralized(u, self.gc_conv_only) if self.recentralize else u
             g = normalized(g) if self.renormalize else g
-            this, other = torch.where(odd > 0, pos, neg), torch.where(odd > 0, neg, pos)
-            this = torch.lerp(this, g, 1 - b1 * b1)
-            pos.copy_(torch.where(odd > 0, this, pos))
-            neg.copy_(torch.where(odd > 0, neg, this))
-            direction = (this * (1 + beta0) - other * beta0) * ctx["inv_noise_norm"]
+            pos.lerp_(g, ctx["pos_rate"])
+            neg.lerp_(g, ctx["neg_rate"])
+            direction = (pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) * ctx["inv_noise_norm"]
             out.append(direction * ctx["inv_bias1"] / denom)
         return out
 
