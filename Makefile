@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[test]"
+	# references whose own requirements are loose or heavy: their real needs (numpy, matplotlib) are in .[test]
+	$(BIN)/pip install -q --no-deps ranger21==0.1.0 pytorch-optimizer==4.1.0
 	touch $(STAMP)
 
 test: $(STAMP)

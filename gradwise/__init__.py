@@ -9,13 +9,16 @@ behind a drop-in ``torch.optim.Optimizer``::
 from gradwise.core.hyper import Hyper
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import Chain, Context, Transform, chain
-from gradwise.recipes import SGD, Adam, AdamW, Lion, NAdamW
+from gradwise.recipes import SGD, Adam, AdamW, Lion, Lookahead, NAdamW, Ranger21, ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
 from gradwise.transforms import (
     add_decayed_weights,
+    lookahead,
     scale_by_adam,
     scale_by_learning_rate,
     scale_by_lion,
     scale_by_nadam,
+    scale_by_rms,
+    scale_by_schedule_free,
     skip_nonfinite,
     trace,
 )
@@ -23,7 +26,8 @@ from gradwise.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "NAdamW", "Optimizer", "Transform",
-    "add_decayed_weights", "chain", "scale_by_adam", "scale_by_learning_rate", "scale_by_lion",
-    "scale_by_nadam", "skip_nonfinite", "trace",
+    "SGD", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "NAdamW", "Optimizer", "Ranger21", "ScheduleFreeAdamW",
+    "ScheduleFreeSGD", "Transform",
+    "add_decayed_weights", "chain", "lookahead", "scale_by_adam", "scale_by_learning_rate", "scale_by_lion",
+    "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free", "schedule_free", "skip_nonfinite", "trace",
 ]

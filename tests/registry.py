@@ -36,6 +36,23 @@ def _lion(params, **kwargs):
     return Lion(params, **kwargs)
 
 
+def _schedulefree(name):
+    def make(params, **kwargs):
+        import schedulefree
+
+        optimizer = getattr(schedulefree, name)(params, foreach=False, **kwargs)
+        optimizer.train()  # the reference starts in eval mode; ours starts in train mode
+        return optimizer
+
+    return make
+
+
+def _ranger21(params, **kwargs):
+    from pytorch_optimizer import Ranger21
+
+    return Ranger21(params, foreach=False, **kwargs)
+
+
 CASES = [
     Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
     Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
@@ -46,6 +63,12 @@ CASES = [
     Case("nadamw", gradwise.NAdamW, torch.optim.NAdam, dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3),
          dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3, decoupled_weight_decay=True)),
     Case("lion", gradwise.Lion, _lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
+    Case("schedule-free-adamw", gradwise.ScheduleFreeAdamW, _schedulefree("AdamWScheduleFree"),
+         dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
+    Case("schedule-free-sgd", gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
+         dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0, weight_lr_power=1.0)),
+    Case("ranger21", gradwise.Ranger21, _ranger21, dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
+         dict(lr=3e-3, num_iterations=50, beta0=0.9)),
     Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
 ]
 

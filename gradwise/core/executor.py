@@ -101,7 +101,9 @@ class CompiledStep:
         fn = _private_copy(run_chain)
         self._flatten = transform.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
-        self._compiled = torch.compile(fn, backend=self._backend, dynamic=self._flatten, fullgraph=True)
+        # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
+        # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
+        self._compiled = torch.compile(fn, backend=self._backend, dynamic=True, fullgraph=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx
@@ -144,6 +146,10 @@ class CompiledStep:
             states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
                       for p, st in zip(params, states)]
             params, grads = [self._flat(p) for p in params], [_flat_alias(g) for g in grads]
+        else:
+            # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
+            params = [p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
+                      if isinstance(p, torch.nn.Parameter) else p for p in params]
         # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
         # inputs, should a transform ever write one in update() (Transform.advance is the place)
         state = {k: [self._flat(st[k]) if st[k].dim() == 0 else st[k] for st in states] for k in states[0]}

@@ -85,6 +85,7 @@ class Optimizer(torch.optim.Optimizer):
             self.hyper_specs[key].validate(key, value)
         self.compile = compile
         self.skipped_steps = 0
+        self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: CompiledStep | None = None
         super().__init__(params, defaults)
@@ -124,10 +125,48 @@ class Optimizer(torch.optim.Optimizer):
         for key, spec in self.hyper_specs.items():
             spec.validate(key, group[key])
 
+    # ----------------------------------------------------------------- train and eval points
+    @torch.no_grad()
+    def train(self, mode: bool = True) -> "Optimizer":
+        """Put the parameters at the point gradients are taken at (``mode=False``: as ``eval()``).
+
+        For most chains both points are the parameters themselves and this only records the mode.
+        Schedule-Free keeps gradients at y and evaluates at x: ``eval()`` moves every parameter from
+        y to x and ``train()`` moves it back, through the chain's ``Transform.set_mode``. Both are
+        idempotent: calling ``eval()`` twice moves the parameters once. An optimizer starts in train
+        mode; ``step()`` in eval mode raises, and changes nothing. The mode is saved in
+        ``state_dict()`` and restored by ``load_state_dict()``, so a checkpoint of model and optimizer
+        taken together, in either mode, resumes with the model holding the weights the mode says.
+        """
+        boolean("mode", mode)
+        target = "train" if mode else "eval"
+        if target == self.mode:
+            return self
+        if self._has_modes():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    state = self.state.get(p)
+                    if state and "step" in state:
+                        own = {k: local(v) for k, v in state.items() if k != "step"}
+                        view = torch.view_as_real(local(p)) if p.is_complex() else local(p)
+                        self.transform.set_mode(target, view, own, group)
+        self.mode = target
+        return self
+
+    def eval(self) -> "Optimizer":
+        """Put the parameters at the point to evaluate the model at (see ``train``)."""
+        return self.train(False)
+
+    def _has_modes(self) -> bool:
+        return any(type(t).set_mode is not Transform.set_mode for _, t in self.transform.links())
+
     # ----------------------------------------------------------------- the step
     @torch.no_grad()
     def step(self, closure=None):
         """Apply one step of the chain to every parameter that has a gradient."""
+        if self.mode == "eval" and self._has_modes():
+            raise RuntimeError(f"{type(self).__name__}.step() called in eval mode: the parameters hold the"
+                               " evaluation point, not the training point; call optimizer.train() first")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -288,10 +327,16 @@ def _is_compile_error(error: Exception) -> bool:
 
 
 def _save_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps}
+    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode}
     return state_dict
 
 
 def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    optimizer.skipped_steps = state_dict.get("gradwise", {}).get("skipped_steps", 0)
+    saved = state_dict.get("gradwise", {})
+    optimizer.skipped_steps = saved.get("skipped_steps", 0)
+    mode = saved.get("mode", "train")
+    if mode not in ("train", "eval"):
+        raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
+    # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
+    optimizer.mode = mode
     return state_dict

@@ -84,6 +84,15 @@ class Transform:
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 
+    def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
+        """Move one parameter between its training point and its evaluation point.
+
+        ``Optimizer.train()`` calls it with ``mode="train"`` and ``Optimizer.eval()`` with ``"eval"``,
+        once per parameter that has state, only when the mode changes. A transform whose gradients
+        are taken at one point and whose model is evaluated at another (Schedule-Free's y and x)
+        overrides it; the default does nothing.
+        """
+
     def skip_step(self, grads: list[Tensor]) -> Tensor | None:
         """A guard: return a bool tensor that is True when the whole optimizer step must be skipped."""
         return None
@@ -145,6 +154,11 @@ class Chain(Transform):
             own_ctx = replace(ctx, scalars=_strip(name, ctx.scalars))
             updates = t.update(updates, own_state, own_ctx)
         return updates
+
+    def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
+        for name, t in self.links():
+            if type(t).set_mode is not Transform.set_mode:
+                t.set_mode(mode, param, _strip(name, state), group)
 
     def skip_step(self, grads: list[Tensor]) -> Tensor | None:
         flags = [f for t in self.transforms if (f := t.skip_step(grads)) is not None]

@@ -1,7 +1,10 @@
 """Named optimizers, each a short chain of transforms."""
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.lion import Lion
+from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.nadamw import NAdamW
+from gradwise.recipes.ranger21 import Ranger21
+from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
 from gradwise.recipes.sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Lion", "NAdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "Lion", "Lookahead", "NAdamW", "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "schedule_free"]

@@ -1,0 +1,167 @@
+"""Ranger21 (Wright & Demeure, 2021, arXiv:2106.13731): AdamW and eight components in one chain."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gradwise.core.hyper import boolean
+from gradwise.core.optimizer import Optimizer
+from gradwise.core.params import local
+from gradwise.core.transform import Context, chain, state_dtype
+from gradwise.schedules import auto_warmup_steps, ranger21_schedule
+from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
+from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
+from gradwise.transforms.lookahead import lookahead
+from gradwise.transforms.pnm import scale_by_pnm_adam
+from gradwise.transforms.regularizers import shrink_like_ranger21
+
+
+class Ranger21(Optimizer):
+    """Ranger21 with the authors' argument names and defaults, computed as pytorch-optimizer's
+    ``Ranger21`` computes it (which fixes three slips of the authors' package; see README):
+
+        g <- agc(g);  g <- centralize(g);  g <- normalize(g)          (each optional)
+        d <- pnm_adam(g)  (positive-negative momentum, AMSGrad max, softplus denominator)
+        p <- p (1 - a)(1 - b) - lr f(t) d;  lookahead every k steps
+        (a = lr f(t) weight_decay / n: stable weight decay; b: norm loss at p (1 - a))
+
+    with n the square root of the mean bias-corrected second moment over all parameters (stable weight
+    decay) and f Ranger21's linear warmup (``num_warmup_iterations``, by default 2 / (1 - beta2)) and
+    linear warm-down to ``warmdown_min_lr`` over the last ``1 - warmdown_start_pct`` of the budget.
+    The budget is ``num_epochs * num_batches_per_epoch`` or ``num_iterations``. The step count lives
+    in the optimizer state, so a checkpoint resumes the schedule and Lookahead exactly.
+    Not supported (they raise): ``use_madgrad``, ``use_adabelief``, ``use_cheb``,
+    ``lookahead_load_at_validation``, a ``momentum_type`` other than "pnm", ``decay_type`` other
+    than "stable", ``warmup_type`` other than "linear". ``momentum`` is read only by MADGRAD.
+    """
+
+    def __init__(self, params, lr, lookahead_active=True, lookahead_mergetime=5, lookahead_blending_alpha=0.5,
+                 lookahead_load_at_validation=False, use_madgrad=False, use_adabelief=False, softplus=True,
+                 beta_softplus=50, using_gc=True, using_normgc=True, gc_conv_only=False, normloss_active=True,
+                 normloss_factor=1e-4, use_adaptive_gradient_clipping=True, agc_clipping_value=1e-2, agc_eps=1e-3,
+                 betas=(0.9, 0.999), momentum_type="pnm", pnm_momentum_factor=1.0, momentum=0.9, eps=1e-8,
+                 num_batches_per_epoch=None, num_epochs=None, use_cheb=False, use_warmup=True,
+                 num_warmup_iterations=None, warmdown_active=True, warmdown_start_pct=0.72, warmdown_min_lr=3e-5,
+                 weight_decay=1e-4, decay_type="stable", warmup_type="linear", warmup_pct_default=0.22,
+                 logging_active=False, *, num_iterations=None, maximize=False, skip_nonfinite=False,
+                 compile="auto"):
+        for name, value in (("use_madgrad", use_madgrad), ("use_adabelief", use_adabelief), ("use_cheb", use_cheb),
+                            ("lookahead_load_at_validation", lookahead_load_at_validation)):
+            boolean(name, value)
+            if value:
+                raise NotImplementedError(f"Ranger21({name}=True) is not supported by gradwise yet")
+        for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
+                                     ("warmup_type", warmup_type, "linear")):
+            if value != allowed:
+                raise ValueError(f"invalid {name}={value!r}: gradwise's Ranger21 supports {allowed!r}")
+        for name, value in (("lookahead_active", lookahead_active), ("using_gc", using_gc),
+                            ("using_normgc", using_normgc), ("normloss_active", normloss_active),
+                            ("use_adaptive_gradient_clipping", use_adaptive_gradient_clipping),
+                            ("use_warmup", use_warmup), ("warmdown_active", warmdown_active),
+                            ("logging_active", logging_active)):
+            boolean(name, value)
+        total = _budget(num_epochs, num_batches_per_epoch, num_iterations)
+        # the warm-down's start as each reference rounds it: int(pct * epochs * batches) or int(pct * iterations)
+        factors = (num_iterations,) if num_iterations is not None else (num_epochs, num_batches_per_epoch)
+        schedule = _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default,
+                             warmdown_active, warmdown_start_pct, warmdown_min_lr)
+        shaping = [clip_by_agc()] if use_adaptive_gradient_clipping else []
+        shaping += [centralize_gradient()] if using_gc else []
+        shaping += [normalize_gradient()] if using_normgc else []
+        links = shaping + [scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only),
+                           scale_by_schedule(schedule), scale_by_learning_rate(),
+                           shrink_like_ranger21(schedule, norm_loss=normloss_active)]
+        links += [lookahead()] if lookahead_active else []
+        hyper = dict(lr=lr, betas=betas, eps=eps, pnm_momentum_factor=pnm_momentum_factor, softplus=softplus,
+                     beta_softplus=float(beta_softplus), weight_decay=weight_decay)
+        if use_adaptive_gradient_clipping:
+            hyper.update(agc_clipping_value=agc_clipping_value, agc_eps=agc_eps)
+        if using_gc:
+            hyper.update(gc_conv_only=gc_conv_only)
+        hyper.update(normloss_factor=normloss_factor if normloss_active else 0.0)
+        if lookahead_active:
+            hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
+        self.schedule = schedule
+        self._shaping = chain(*shaping) if shaping else None
+        super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         **hyper)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Set every group's ``variance_normalizer`` (stable weight decay's n) for this step, then step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        normalizer = self._variance_normalizer() if any(g["weight_decay"] for g in self.param_groups) else 1.0
+        if math.isfinite(normalizer) and normalizer > 0:  # else the step is skipped (skip_nonfinite) or fails
+            for group in self.param_groups:
+                group["variance_normalizer"] = normalizer
+        super().step()
+        return loss
+
+    def _variance_normalizer(self) -> float:
+        """sqrt((1 + sum of b2 v + (1 - b2) g'^2 over every element) / elements), with g' the shaped
+        gradient and v the second moment before this step (the 1 is pytorch-optimizer's)."""
+        total, count = torch.zeros((), dtype=torch.float64), 0
+        for group in self.param_groups:
+            b2 = group["betas"][1]
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                g = local(p.grad).neg() if group["maximize"] else local(p.grad)
+                g = g.to(state_dtype(local(p)))
+                if self._shaping is not None:
+                    hyper = {k: torch.tensor(float(group[k]), dtype=g.dtype, device=g.device)
+                             for k in ("agc_clipping_value", "agc_eps") if k in group}
+                    static = {"gc_conv_only": group.get("gc_conv_only", False)}
+                    g = self._shaping.update([g], {}, Context([local(p)], [g], hyper, static))[0]
+                state = self.state.get(p, {})
+                v = g * g * (1 - b2)
+                if "pnm.variance_ma" in state:
+                    v = local(state["pnm.variance_ma"]) * b2 + v
+                step = int(state["step"]) + 1 if "step" in state else 1
+                total += (v / (1 - b2**step)).sum().double().cpu()
+                count += p.numel()
+        return math.sqrt((1 + float(total)) / count) if count else 1.0
+
+
+def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
+    if num_iterations is not None:
+        if num_epochs is not None or num_batches_per_epoch is not None:
+            raise ValueError("Ranger21: give either num_iterations or num_epochs and num_batches_per_epoch, not both")
+        total = num_iterations
+        name = "num_iterations"
+    else:
+        if num_epochs is None or num_batches_per_epoch is None:
+            raise ValueError("Ranger21 needs its step budget: num_epochs and num_batches_per_epoch (or"
+                             f" num_iterations); got num_epochs={num_epochs!r},"
+                             f" num_batches_per_epoch={num_batches_per_epoch!r}")
+        for name, value in (("num_epochs", num_epochs), ("num_batches_per_epoch", num_batches_per_epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+        total, name = num_epochs * num_batches_per_epoch, "num_epochs * num_batches_per_epoch"
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"invalid {name}={total!r}: expected an integer >= 1")
+    return total
+
+
+def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
+              warmdown_start_pct, warmdown_min_lr):
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"invalid lr={lr!r}: expected a finite number > 0")
+    warmup = 0
+    if use_warmup:
+        warmup = auto_warmup_steps(betas[1], total, warmup_pct_default) if num_warmup_iterations is None \
+            else num_warmup_iterations
+    warmdown = 0
+    if warmdown_active:
+        if not isinstance(warmdown_start_pct, (int, float)) or not 0.0 <= warmdown_start_pct <= 1.0:
+            raise ValueError(f"invalid warmdown_start_pct={warmdown_start_pct!r}: expected a number in [0, 1]")
+        start = warmdown_start_pct
+        for factor in factors:
+            start *= factor
+        warmdown = total - int(start)
+    if not isinstance(warmdown_min_lr, (int, float)) or not 0.0 <= warmdown_min_lr <= lr:
+        raise ValueError(f"invalid warmdown_min_lr={warmdown_min_lr!r}: expected a number in [0, lr={lr!r}]")
+    return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr)

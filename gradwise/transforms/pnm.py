@@ -1,0 +1,84 @@
+"""Positive-negative momentum with Adam's denominator, as Ranger21 runs it.
+
+Positive-negative momentum (Xie et al., 2021, "Positive-Negative Momentum", arXiv:2103.17182) keeps two
+momenta fed on alternate steps and combines them with beta0 = ``pnm_momentum_factor``:
+
+    m_t <- b1^2 m_t + (1 - b1^2) g   (m_t: the buffer of this step's parity; m_o: the other one)
+    v <- b2 v + (1 - b2) g^2;  v_max <- max(v_max, v)
+    d = ((1 + beta0) m_t - beta0 m_o) / sqrt((1 + beta0)^2 + beta0^2)
+    u <- d / (1 - b1^t) / s(sqrt(v_max) / sqrt(1 - b2^t) + eps)
+
+with s the softplus smoothing s(x) = log(1 + exp(beta_softplus x)) / beta_softplus (Tong et al., 2019,
+"Calibrating the adaptive learning rate") when ``softplus`` is on, else the identity.
+
+Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
+normalized gradient and the momenta that gradient centralized and normalized once more; with
+``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
+from gradwise.core.transform import Context, Transform
+from gradwise.transforms.gradient_shaping import centralized, normalized
+
+
+class scale_by_pnm_adam(Transform):  # noqa: N801
+    """Positive-negative momentum over a softplus-smoothed AMSGrad denominator (module docstring)."""
+
+    name = "pnm"
+    state = ("grad_ma", "neg_grad_ma", "variance_ma", "max_variance_ma")
+    hyper = {
+        "betas": Hyper((0.9, 0.999), betas_pair),
+        "eps": Hyper(1e-8, positive),
+        "pnm_momentum_factor": Hyper(1.0, non_negative),
+        "softplus": Hyper(True, boolean, static=True),
+        "beta_softplus": Hyper(50.0, positive, static=True),
+    }
+
+    def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False):
+        self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
+        self.elementwise = not (recentralize or renormalize)
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        # the buffer fed this step (grad_ma on odd steps, neg_grad_ma on even ones) moves by 1 - b1^2,
+        # the other by 0, and they combine as (1 + beta0) this - beta0 other: per-step constants, no select
+        b1, b2 = hyper["betas"]
+        beta0 = float(hyper["pnm_momentum_factor"])
+        odd = step % 2 == 1
+        rate = 1 - b1 * b1
+        return {
+            "pos_rate": rate if odd else 0.0,
+            "neg_rate": 0.0 if odd else rate,
+            "pos_coef": 1 + beta0 if odd else -beta0,
+            "neg_coef": -beta0 if odd else 1 + beta0,
+            "inv_bias1": 1 / (1 - b1**step),
+            "bias2_sqrt": math.sqrt(1 - b2**step),
+            "inv_noise_norm": 1 / math.sqrt((1 + beta0) ** 2 + beta0**2),
+        }
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b2, eps = ctx["betas"][1], ctx["eps"]
+        out = []
+        buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
+        for u, (pos, neg, v, v_max) in zip(updates, buffers):
+            v.mul_(b2).add_(u * u * (1 - b2))
+            v_max.copy_(torch.maximum(v_max, v))
+            denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
+            if ctx["softplus"]:
+                denom = F.softplus(denom, beta=ctx["beta_softplus"])
+            g = centralized(u, self.gc_conv_only) if self.recentralize else u
+            g = normalized(g) if self.renormalize else g
+            pos.lerp_(g, ctx["pos_rate"])
+            neg.lerp_(g, ctx["neg_rate"])
+            direction = (pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) * ctx["inv_noise_norm"]
+            out.append(direction * ctx["inv_bias1"] / denom)
+        return out
+
+    def __repr__(self) -> str:
+        return f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize})"

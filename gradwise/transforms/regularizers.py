@@ -1,0 +1,92 @@
+"""Ranger21's two parameter regularizers, added to the update before the learning rate.
+
+- ``add_stable_weight_decay`` (Xie et al., 2023, "On the Overlooked Pitfalls of Weight Decay and How
+  to Mitigate Them", arXiv:2011.11152): u <- u + wd / n p, with n = ``variance_normalizer``, the square
+  root of the mean of Adam's bias-corrected second moment over all parameters. A transform sees one
+  parameter at a time, so the recipe sets n in the group before each step (``Ranger21`` does); left at
+  its default 1 this is decoupled weight decay.
+- ``add_norm_loss`` (Georgiou et al., 2021, "Norm Loss", arXiv:2104.06800; as in Ranger21):
+  u <- u + 2 f (1 - 1 / (||p||_unit + eps)) p, pulling each unit (row) of p toward norm 1, with
+  f = ``normloss_factor`` and the unit norms of ``gradient_shaping.unit_norm``.
+
+Ranger21's code shrinks p by the two factors one after the other and then takes the step; added to
+the update they differ from it by a term of order lr^2 wd f per step. ``shrink_like_ranger21`` keeps
+that term (the ``Ranger21`` recipe uses it, to match its references to float64).
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, non_negative, positive
+from gradwise.core.transform import Context, Transform
+from gradwise.transforms.gradient_shaping import unit_norm
+
+
+class add_stable_weight_decay(Transform):  # noqa: N801
+    """u <- u + (weight_decay / variance_normalizer) p."""
+
+    name = "stable_weight_decay"
+    hyper = {
+        "weight_decay": Hyper(0.0, non_negative, zero_is_identity=True),
+        "variance_normalizer": Hyper(1.0, positive),
+    }
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("weight_decay"):
+            return updates
+        rate = ctx["weight_decay"] / ctx["variance_normalizer"]
+        return [u + p * rate for u, p in zip(updates, ctx.params)]
+
+
+class add_norm_loss(Transform):  # noqa: N801
+    """u <- u + 2 normloss_factor (1 - 1 / (unit_norm(p) + eps)) p."""
+
+    name = "norm_loss"
+    elementwise = False
+    hyper = {"normloss_factor": Hyper(1e-4, non_negative), "eps": Hyper(1e-8, positive)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        factor, eps = ctx["normloss_factor"], ctx["eps"]
+        out = []
+        for u, p in zip(updates, ctx.params):
+            p = p.to(u.dtype)
+            out.append(u + p * (2 * factor * (1 - 1 / (unit_norm(p) + eps))))
+        return out
+
+
+class shrink_like_ranger21(Transform):  # noqa: N801
+    """Both regularizers as Ranger21's code applies them: the parameters shrink by stable weight decay,
+    then by norm loss at the decayed point, then take the step u (this link follows the learning rate):
+
+        a = lr_t wd / n;  b = lr_t 2 f (1 - 1 / ((1 - a) ||p||_unit + eps));  u <- u + p ((1 - a)(1 - b) - 1)
+
+    with lr_t = lr * schedule(t). Equal to ``add_stable_weight_decay`` and ``add_norm_loss`` before the
+    learning rate up to the O(a b) cross term, which this link keeps, to match Ranger21 to float64.
+    """
+
+    name = "ranger21_shrink"
+    elementwise = False
+    hyper = {
+        "lr": Hyper(1e-3, non_negative),
+        **add_stable_weight_decay.hyper,
+        **add_norm_loss.hyper,
+    }
+
+    def __init__(self, schedule, norm_loss: bool = True):
+        self.schedule, self.norm_loss = schedule, norm_loss
+        self.elementwise = not norm_loss
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"lr_t": float(hyper["lr"]) * self.schedule(step - 1)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        lr_t, eps = ctx["lr_t"], ctx["eps"]
+        keep = 1 - lr_t * ctx["weight_decay"] / ctx["variance_normalizer"]
+        out = []
+        for u, p in zip(updates, ctx.params):
+            p = p.to(u.dtype)
+            factor = keep
+            if self.norm_loss:
+                factor = keep * (1 - lr_t * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + eps)))
+            out.append(u + p * (factor - 1))
+        return out

@@ -1,0 +1,126 @@
+"""Schedule-Free optimization (Defazio et al., 2024, "The Road Less Scheduled", arXiv:2405.15682).
+
+Three sequences: z takes plain steps, x is a weighted running average of z, and gradients are taken
+at y, an interpolation of the two. With d_t the direction of the links before (for AdamW,
+g / (sqrt(v_hat) + eps) + wd y), c_t = w_t / sum_{s<=t} w_s and w_t = t^r lr_max^weight_lr_power:
+
+    y <- (1 - c) y + c z + lr (beta (1 - c) - 1) d;     z <- z - lr d
+
+which updates y without storing x. The model holds y while training and x = (y - (1 - beta) z) / beta
+while evaluating: ``Optimizer.eval()`` and ``train()`` move it (``set_mode``). ``lr`` is warmed up
+linearly over ``warmup_steps`` (lr * t / warmup_steps), as the ``schedulefree`` package does.
+lr_max, the weight sum and c live in each parameter's state (0-d float64), so they are saved with it;
+like the step count, they advance on the steps the parameter has a gradient (the package keeps one
+set per param group and advances it on every step).
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
+from gradwise.core.transform import Context, Transform, state_dtype
+
+
+def non_negative_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 0")
+
+
+def open_unit_interval(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < 1.0:
+        raise ValueError(f"invalid {name}={value!r}: expected a number in (0, 1)")
+
+
+class scale_by_rms(Transform):  # noqa: N801
+    """u <- u / (sqrt(v / (1 - b2^t)) + eps),  v <- b2 v + (1 - b2) u^2  (Adam's denominator alone;
+    b2 is ``betas[1]``)."""
+
+    name = "rms"
+    state = ("exp_avg_sq",)
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"bias_correction2": 1 - hyper["betas"][1] ** step}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b2 = ctx["betas"][1]
+        eps, bias2 = ctx["eps"], ctx["bias_correction2"]
+        out = []
+        for u, v in zip(updates, state["exp_avg_sq"]):
+            v.mul_(b2).add_(u * u * (1 - b2))
+            out.append(u / ((v / bias2).sqrt() + eps))
+        return out
+
+
+class scale_by_schedule_free(Transform):  # noqa: N801
+    """The Schedule-Free step (module docstring); the last link of a chain, in place of
+    ``scale_by_learning_rate``. ``beta`` names the group entry holding beta: ``"betas"`` (its first
+    element, as AdamW) or a number entry such as ``"momentum"`` (as SGD)."""
+
+    name = "schedule_free"
+    state = ("z", "lr_max", "weight_sum", "ckp1")
+
+    def __init__(self, beta: str = "momentum"):
+        self.beta = beta
+        spec = Hyper((0.9, 0.999), betas_pair) if beta == "betas" else Hyper(0.9, open_unit_interval)
+        self.hyper = {
+            "lr": Hyper(1e-3, non_negative),
+            beta: spec,
+            "warmup_steps": Hyper(0, non_negative_int),
+            "r": Hyper(0.0, non_negative),
+            "weight_lr_power": Hyper(2.0, non_negative),
+        }
+
+    def _beta(self, group) -> float:
+        value = group[self.beta]
+        beta = float(value[0] if self.beta == "betas" else value)
+        if beta <= 0:
+            raise ValueError(f"invalid {self.beta}={value!r}: Schedule-Free needs beta in (0, 1)")
+        return beta
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        scalar = dict(dtype=torch.float64, device=param.device)
+        return {
+            "z": param.detach().to(state_dtype(param), copy=True),
+            "lr_max": torch.full((), -1.0, **scalar),
+            "weight_sum": torch.zeros((), **scalar),
+            "ckp1": torch.zeros((), **scalar),
+        }
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        self._beta(hyper)
+        warmup = hyper["warmup_steps"]
+        schedule = step / warmup if step - 1 < warmup else 1.0
+        return {"scheduled_lr": float(hyper["lr"]) * schedule, "step_weight": float(step) ** hyper["r"]}
+
+    def advance(self, state, hyper, scalars) -> None:
+        lr_max, weight_sum = state["lr_max"], state["weight_sum"]
+        lr_max.clamp_(min=scalars["scheduled_lr"])
+        weight = scalars["step_weight"] * lr_max ** hyper["weight_lr_power"]
+        weight_sum.add_(weight)
+        state["ckp1"].copy_(torch.where(weight_sum > 0, weight / weight_sum, 0.0))
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
+        lr = ctx["scheduled_lr"]
+        out = []
+        for d, y, z, ckp1 in zip(updates, ctx.params, state["z"], state["ckp1"]):
+            c = ckp1.to(d.dtype)
+            out.append((z - y) * c + d * (lr * (beta * (1 - c) - 1)))
+            z.sub_(d * lr)
+        return out
+
+    def set_mode(self, mode: str, param: Tensor, state, group) -> None:
+        beta = self._beta(group)
+        weight = 1 - 1 / beta if mode == "eval" else 1 - beta
+        z = state["z"]
+        if param.dtype == z.dtype:
+            param.lerp_(z, weight)
+        else:
+            param.copy_(param.to(z.dtype).lerp_(z, weight))
+
+    def __repr__(self) -> str:
+        return f"scale_by_schedule_free(beta={self.beta!r})"

@@ -1,0 +1,169 @@
+"""Schedule-Free AdamW and SGD: parity with the ``schedulefree`` package for 120 steps (through
+warmup, with r and weight_lr_power), train()/eval() and checkpoints in either mode."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import gradwise
+from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, scale_by_rms
+from tests.models import mlp, regression_batch
+from tests.registry import _schedulefree
+
+STEPS = 120
+F64 = dict(rtol=1e-10, atol=1e-10)
+RECIPES = {
+    "adamw": (gradwise.ScheduleFreeAdamW, "AdamWScheduleFree",
+              dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, warmup_steps=30, r=0.5,
+                   weight_lr_power=2.0)),
+    "sgd": (gradwise.ScheduleFreeSGD, "SGDScheduleFree",
+            dict(lr=0.05, momentum=0.9, weight_decay=0.01, warmup_steps=30, r=1.0, weight_lr_power=1.0)),
+}
+
+
+def _train(model, optimizer, steps, start=0):
+    for step in range(start, start + steps):
+        x, y = regression_batch(torch.float64, step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def _weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _assert_close(a, b, **tol):
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, **(tol or F64))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_matches_schedulefree_in_train_and_eval_mode(name):
+    recipe, reference, kwargs = RECIPES[name]
+    ours_model, theirs_model = mlp(torch.float64), mlp(torch.float64)
+    ours = recipe(ours_model.parameters(), compile=False, **kwargs)
+    theirs = _schedulefree(reference)(list(theirs_model.parameters()), **kwargs)
+    for step in range(STEPS):
+        _train(ours_model, ours, 1, start=step)
+        _train(theirs_model, theirs, 1, start=step)
+        _assert_close(_weights(ours_model), _weights(theirs_model))  # y, every step
+        if step % 40 == 39:  # x, now and then; then back to y
+            ours.eval(), theirs.eval()
+            _assert_close(_weights(ours_model), _weights(theirs_model))
+            ours.train(), theirs.train()
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("name", RECIPES)
+def test_checkpoint_in_either_mode_resumes_exactly(name, mode):
+    recipe, _, kwargs = RECIPES[name]
+    n = 40
+    model = mlp(torch.float64)
+    optimizer = recipe(model.parameters(), compile=False, **kwargs)
+    _train(model, optimizer, n)
+    optimizer.train(mode == "train")
+    saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    evaluated = _weights(model)
+    optimizer.train()
+    _train(model, optimizer, n, start=n)
+
+    fresh_model = mlp(torch.float64, seed=1)
+    fresh = recipe(fresh_model.parameters(), compile=False, **kwargs)
+    fresh_model.load_state_dict(saved["model"])
+    fresh.load_state_dict(saved["optimizer"])
+    assert fresh.mode == mode
+    fresh.train(mode == "train")  # already there: moves nothing, the model keeps the saved weights
+    assert all(torch.equal(a, b) for a, b in zip(_weights(fresh_model), evaluated))
+    fresh.train()
+    _train(fresh_model, fresh, n, start=n)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(fresh_model), _weights(model)))
+
+
+def test_eval_is_idempotent_and_step_in_eval_mode_changes_nothing():
+    model = mlp(torch.float64)
+    optimizer = gradwise.ScheduleFreeAdamW(model.parameters(), lr=0.01, compile=False)
+    optimizer.eval()  # before any step there is no z: nothing moves
+    assert optimizer.mode == "eval"
+    optimizer.train()
+    _train(model, optimizer, 5)
+    y = _weights(model)
+    optimizer.eval()
+    x = _weights(model)
+    assert not all(torch.equal(a, b) for a, b in zip(x, y))
+    optimizer.eval()
+    assert all(torch.equal(a, b) for a, b in zip(_weights(model), x))
+    state = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(RuntimeError, match="eval mode"):
+        _train(model, optimizer, 1)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(model), x))
+    torch.testing.assert_close(optimizer.state_dict()["state"], state["state"], rtol=0, atol=0)
+    optimizer.train()
+    optimizer.train()
+    _assert_close(_weights(model), y, rtol=1e-12, atol=1e-12)
+
+
+def test_schedule_free_wrapper_turns_a_chain_into_schedule_free_adamw():
+    kwargs = dict(lr=0.01, betas=(0.9, 0.999), weight_decay=0.05, warmup_steps=10)
+    ours_model, ref_model = mlp(torch.float64), mlp(torch.float64)
+    wrapped = gradwise.schedule_free(gradwise.chain(scale_by_rms(), add_decayed_weights(), scale_by_learning_rate()))
+    ours = gradwise.Optimizer(ours_model.parameters(), wrapped, compile=False, schedule_free_momentum=0.9, **kwargs)
+    ref = gradwise.ScheduleFreeAdamW(ref_model.parameters(), compile=False, **kwargs)
+    _train(ours_model, ours, 30)
+    _train(ref_model, ref, 30)
+    ours.eval(), ref.eval()
+    _assert_close(_weights(ours_model), _weights(ref_model))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(betas=(0.0, 0.999)), "betas"),
+    (dict(warmup_steps=-1), "warmup_steps=-1"),
+    (dict(warmup_steps=2.5), "warmup_steps=2.5"),
+    (dict(r=-1.0), "r=-1.0"),
+    (dict(weight_lr_power=float("nan")), "weight_lr_power=nan"),
+])
+def test_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gradwise.ScheduleFreeAdamW([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 1.0])
+def test_sgd_momentum_must_be_in_open_unit_interval(momentum):
+    with pytest.raises(ValueError, match=f"momentum={momentum}"):
+        gradwise.ScheduleFreeSGD([torch.nn.Parameter(torch.zeros(2))], momentum=momentum)
+
+
+def test_train_and_eval_only_record_the_mode_for_other_chains():
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer = gradwise.AdamW([p], lr=0.1, compile=False)
+    assert optimizer.eval() is optimizer and optimizer.mode == "eval"
+    p.grad = torch.ones(3)
+    optimizer.step()  # nothing to move between points: stepping in eval mode is allowed
+    assert not torch.equal(p.detach(), torch.ones(3))
+    with pytest.raises(TypeError, match="mode='yes'"):
+        optimizer.train("yes")
+
+
+def test_bad_mode_in_a_state_dict_is_refused():
+    optimizer = gradwise.ScheduleFreeSGD([torch.nn.Parameter(torch.ones(3))], compile=False)
+    state = optimizer.state_dict()
+    state["gradwise"]["mode"] = "inference"
+    with pytest.raises(ValueError, match="mode.*'inference'"):
+        optimizer.load_state_dict(state)
+
+
+def test_bfloat16_parameters_move_between_points_through_float32_z():
+    model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    optimizer = gradwise.ScheduleFreeAdamW(model.parameters(), lr=0.01, compile=False)
+    for step in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(2, 8, dtype=torch.bfloat16)).float().square().mean().backward()
+        optimizer.step()
+    assert all(optimizer.state[p]["schedule_free.z"].dtype == torch.float32 for p in model.parameters())
+    y = _weights(model)
+    optimizer.eval()
+    optimizer.train()
+    for a, b in zip(_weights(model), y):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
