@@ -74,3 +74,11 @@ CASES = [
 
 #: every recipe class the registry covers, for the generic tests that need a class, not a case.
 RECIPES = list(dict.fromkeys(c.recipe for c in CASES))
+
+#: keyword arguments a recipe cannot do without (Ranger21's lr and step budget), for generic tests.
+REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100)}
+
+
+def build(recipe, params, **kwargs):
+    """``recipe(params, **kwargs)`` with the arguments it requires filled in."""
+    return recipe(params, **{**REQUIRED.get(recipe, {}), **kwargs})

@@ -112,5 +112,8 @@ def test_compiled_groups_equal_eager(case: Case):
     compiled = run_bag(lambda p: holder.append(case.ours(p, compile=True)) or holder[-1], _clone(params),
                        torch.float32, 10)
     eager = run_bag(lambda p: case.ours(p, compile=False), _clone(params), torch.float32, 10)
-    assert holder[0].compile_stats["compiles"] == 2, "one grouped graph and one single-parameter graph"
+    if holder[0].transform.elementwise:
+        assert holder[0].compile_stats["compiles"] == 2, "one grouped graph and one single-parameter graph"
+    else:
+        assert holder[0].compile_stats["compiles"] >= 1
     assert_trajectories_close(compiled, eager, torch.float32, rtol=1e-6, atol=1e-7)

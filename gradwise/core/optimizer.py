@@ -109,21 +109,30 @@ class Optimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        # torch.optim casts floating-point state to its parameter's dtype; 16-bit parameters keep
-        # theirs in float32 (``state_dtype``), so put back the saved values, uncast.
+        # torch.optim casts floating-point state to its parameter's dtype, but a transform chooses the
+        # dtype of its state (float32 for 16-bit parameters, float64 running scalars), so put back the
+        # saved values, uncast.
         saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
         for saved_id, p in zip(saved_ids, params):
-            saved = state_dict["state"].get(saved_id)
-            if saved is None or state_dtype(p) == p.dtype:
-                continue
-            for key, value in saved.items():
-                if key != "step" and isinstance(value, Tensor) and value.is_floating_point():
-                    self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                if isinstance(value, Tensor) and value.is_floating_point() and self.state[p][key].dtype != value.dtype:
+                    self.state[p][key] = value.to(device=p.device)
 
     def _validate(self, group: dict[str, Any]) -> None:
         for key, spec in self.hyper_specs.items():
             spec.validate(key, group[key])
+
+    def _check_inputs(self) -> None:
+        """Before anything changes: every group's hyperparameters are valid and every gradient dense."""
+        for index, group in enumerate(self.param_groups):
+            self._validate(group)
+            for p in group["params"]:
+                if p.grad is not None and p.grad.is_sparse:
+                    raise TypeError(
+                        f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
+                        " gradients (use torch.optim.SparseAdam for sparse embeddings)"
+                    )
 
     # ----------------------------------------------------------------- train and eval points
     @torch.no_grad()
@@ -172,16 +181,9 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         work = []
-        for index, group in enumerate(self.param_groups):
-            self._validate(group)
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                if p.grad.is_sparse:
-                    raise TypeError(
-                        f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
-                        " gradients (use torch.optim.SparseAdam for sparse embeddings)"
-                    )
-            work.append((group, params))
+        for group in self.param_groups:
+            work.append((group, [p for p in group["params"] if p.grad is not None]))
+        self._check_inputs()
         if self._must_skip(work):
             self.skipped_steps += 1
             return loss

@@ -94,6 +94,7 @@ class Ranger21(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_inputs()  # before the normalizer's pass reads any gradient
         normalizer = self._variance_normalizer() if any(g["weight_decay"] for g in self.param_groups) else 1.0
         if math.isfinite(normalizer) and normalizer > 0:  # else the step is skipped (skip_nonfinite) or fails
             for group in self.param_groups:
