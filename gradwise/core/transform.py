@@ -92,6 +92,15 @@ class Transform:
         """The (namespace, transform) pairs this transform is made of."""
         return [(self.name, self)]
 
+    def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
+        """The param groups a user's group becomes; one, itself, except under ``route``, which
+        splits it by route (called before torch normalizes the group, so items may be (name, p))."""
+        return [group]
+
+    def for_group(self, group: Mapping[str, Any]) -> "Transform":
+        """The transform that runs on this group's parameters: itself, except under ``route``."""
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -124,6 +133,22 @@ class Chain(Transform):
 
     def links(self) -> list[tuple[str, Transform]]:
         return list(zip(self._names, self.transforms))
+
+    def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
+        splitters = [t for t in self.transforms if type(t).split_group is not Transform.split_group]
+        if len(splitters) > 1:
+            raise ValueError(f"{self!r} holds more than one route(); nest routes inside one route instead")
+        return splitters[0].split_group(group) if splitters else [group]
+
+    def for_group(self, group: Mapping[str, Any]) -> Transform:
+        resolved = tuple(t.for_group(group) for t in self.transforms)
+        if all(a is b for a, b in zip(resolved, self.transforms)):
+            return self
+        key = tuple(id(t) for t in resolved)
+        cache = self.__dict__.setdefault("_resolved", {})
+        if key not in cache:
+            cache[key] = Chain(*resolved)
+        return cache[key]
 
     def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

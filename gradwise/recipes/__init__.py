@@ -1,7 +1,8 @@
 """Named optimizers, each a short chain of transforms."""
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.lion import Lion
+from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Lion", "NAdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "Lion", "Muon", "NAdamW"]
