@@ -5,6 +5,7 @@ from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.route import route
+from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.weight_decay import add_decayed_weights
 
@@ -16,6 +17,7 @@ __all__ = [
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_nadam",
+    "scale_by_shampoo",
     "scale_by_shape",
     "skip_nonfinite",
     "trace",

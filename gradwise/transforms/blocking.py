@@ -1,0 +1,57 @@
+"""Cutting a parameter into square-ish blocks for Kronecker-factored preconditioners.
+
+A parameter of shape (d0, d1, ...) is seen as the matrix (d0, d1 * ...); each side longer than
+``max_dim`` is cut into runs of ``max_dim`` (the last one shorter), as Distributed Shampoo blocks it.
+The blocks of one parameter are returned as one (n, rows, cols) stack: the short edge blocks are
+zero-padded to full size, which changes nothing (a zero row of G adds a zero row and column to
+G G^T, whose inverse root is then block-diagonal, and a zero row of G stays zero), and it lets every
+block of every parameter with the same block shape go through one batched matmul or eigh.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """How one parameter shape is cut: matrix (rows, cols) into a grid of (block_rows, block_cols)."""
+
+    shape: tuple[int, ...]
+    rows: int
+    cols: int
+    block_rows: int
+    block_cols: int
+
+    @classmethod
+    def of(cls, shape: torch.Size | tuple[int, ...], max_dim: int) -> "Blocking":
+        rows = shape[0]
+        cols = math.prod(shape[1:])
+        return cls(tuple(shape), rows, cols, min(rows, max_dim), min(cols, max_dim))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return -(-self.rows // self.block_rows), -(-self.cols // self.block_cols)
+
+    @property
+    def count(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def split(self, x: Tensor) -> Tensor:
+        """(n, block_rows, block_cols) blocks of ``x`` (a tensor of ``shape``), row-major over the grid."""
+        gr, gc = self.grid
+        m = x.reshape(self.rows, self.cols)
+        pad_rows, pad_cols = gr * self.block_rows - self.rows, gc * self.block_cols - self.cols
+        if pad_rows or pad_cols:
+            m = torch.nn.functional.pad(m, (0, pad_cols, 0, pad_rows))
+        return m.reshape(gr, self.block_rows, gc, self.block_cols).transpose(1, 2).reshape(-1, self.block_rows, self.block_cols)
+
+    def merge(self, blocks: Tensor) -> Tensor:
+        """The inverse of ``split``: a tensor of ``shape`` from its blocks (padding dropped)."""
+        gr, gc = self.grid
+        m = blocks.reshape(gr, gc, self.block_rows, self.block_cols).transpose(1, 2)
+        m = m.reshape(gr * self.block_rows, gc * self.block_cols)[: self.rows, : self.cols]
+        return m.reshape(self.shape)
