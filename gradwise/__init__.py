@@ -9,7 +9,7 @@ behind a drop-in ``torch.optim.Optimizer``::
 from gradwise.core.hyper import Hyper
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import Chain, Context, Transform, chain
-from gradwise.recipes import SGD, Adam, AdamW, Lion, Muon, NAdamW, Shampoo
+from gradwise.recipes import SGD, SOAP, Adam, AdamW, Lion, Muon, NAdamW, Shampoo
 from gradwise.transforms import (
     add_decayed_weights,
     orthogonalize_by_newton_schulz,
@@ -20,6 +20,7 @@ from gradwise.transforms import (
     scale_by_nadam,
     scale_by_shampoo,
     scale_by_shape,
+    scale_by_soap,
     skip_nonfinite,
     trace,
     trace_ema,
@@ -28,8 +29,8 @@ from gradwise.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Muon", "NAdamW", "Optimizer", "Shampoo", "Transform",
+    "SGD", "SOAP", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Muon", "NAdamW", "Optimizer", "Shampoo", "Transform",
     "add_decayed_weights", "chain", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
-    "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_shampoo", "scale_by_shape", "skip_nonfinite", "trace",
+    "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "skip_nonfinite", "trace",
     "trace_ema",
 ]

@@ -5,5 +5,6 @@ from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
+from gradwise.recipes.soap import SOAP
 
-__all__ = ["SGD", "Adam", "AdamW", "Lion", "Muon", "NAdamW", "Shampoo"]
+__all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Muon", "NAdamW", "Shampoo"]

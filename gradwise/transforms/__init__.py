@@ -7,6 +7,7 @@ from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.route import route
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
+from gradwise.transforms.soap import scale_by_soap
 from gradwise.transforms.weight_decay import add_decayed_weights
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "scale_by_nadam",
     "scale_by_shampoo",
     "scale_by_shape",
+    "scale_by_soap",
     "skip_nonfinite",
     "trace",
     "trace_ema",

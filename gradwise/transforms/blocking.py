@@ -55,3 +55,20 @@ class Blocking:
         m = blocks.reshape(gr, gc, self.block_rows, self.block_cols).transpose(1, 2)
         m = m.reshape(gr * self.block_rows, gc * self.block_cols)[: self.rows, : self.cols]
         return m.reshape(self.shape)
+
+
+def block_groups(matrices: list[int], blockings: dict[int, Blocking], batch: bool) -> list[list[tuple[int, slice]]]:
+    """Lists of (parameter index, slice of its blocks) whose blocks go through one batched call: all
+    blocks of one shape together, or (``batch=False``) each block alone."""
+    if not batch:
+        return [[(i, slice(k, k + 1))] for i in matrices for k in range(blockings[i].count)]
+    groups: dict[tuple[int, int], list[tuple[int, slice]]] = {}
+    for i in matrices:
+        key = (blockings[i].block_rows, blockings[i].block_cols)
+        groups.setdefault(key, []).append((i, slice(0, blockings[i].count)))
+    return list(groups.values())
+
+
+def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
+    """``stack`` (the members' blocks, concatenated) cut back into one piece per member."""
+    return list(stack.split([k.stop - k.start for _, k in members]))

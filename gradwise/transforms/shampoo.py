@@ -4,7 +4,6 @@ arXiv:2309.06497, Distributed Shampoo)."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -12,7 +11,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking
+from gradwise.transforms.blocking import Blocking, block_groups, pieces
 from gradwise.transforms.matrix_root import inverse_roots
 
 GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
@@ -130,7 +129,7 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             m_hat = {i: blockings[i].split(state["exp_avg"][i] * ctx["inv_bias1"]) for i in matrices}
             graft = {i: blockings[i].split(directions[i]) for i in matrices}
             out = {i: torch.empty_like(graft[i]) for i in matrices}
-        for members in self._groups(matrices, blockings, ctx["batch_blocks"]):
+        for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             self._accumulate(torch.cat([grads[i][k] for i, k in members]), members, state, ctx)
             if recompute:
                 self._refresh_roots(members, state, ctx)
@@ -142,7 +141,7 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             norm = torch.linalg.vector_norm(shampoo, dim=(-2, -1), keepdim=True)
             graft_norm = torch.linalg.vector_norm(g, dim=(-2, -1), keepdim=True)
             blocks = torch.where(norm > 0, shampoo * (graft_norm / norm), g)
-            for (i, k), piece in zip(members, _pieces(blocks, members)):
+            for (i, k), piece in zip(members, pieces(blocks, members)):
                 out[i][k] = piece
         if precondition:
             for i in matrices:
@@ -150,20 +149,9 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
         return directions
 
     @staticmethod
-    def _groups(matrices, blockings, batch: bool) -> list[list[tuple[int, slice]]]:
-        """Lists of (parameter index, block slice) whose blocks go through one batched call."""
-        if not batch:
-            return [[(i, slice(k, k + 1))] for i in matrices for k in range(blockings[i].count)]
-        groups: dict[tuple[int, int], list[tuple[int, slice]]] = defaultdict(list)
-        for i in matrices:
-            b = blockings[i]
-            groups[(b.block_rows, b.block_cols)].append((i, slice(0, b.count)))
-        return list(groups.values())
-
-    @staticmethod
     def _accumulate(grads: Tensor, members, state, ctx: Context) -> None:
         for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
-            for (i, k), piece in zip(members, _pieces(outer, members)):
+            for (i, k), piece in zip(members, pieces(outer, members)):
                 factor = state[f"factor_{side}"][i][k]
                 if ctx["sum_factors"]:
                     factor.add_(piece)
@@ -177,13 +165,8 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             dtype = torch.promote_types(factors.dtype, ctx["preconditioner_dtype"])
             roots, failed = inverse_roots(factors, 4, ctx["epsilon"], dtype, previous)
             self.eigh_failures += failed
-            for (i, k), piece in zip(members, _pieces(roots, members)):
+            for (i, k), piece in zip(members, pieces(roots, members)):
                 state[f"root_{side}"][i][k].copy_(piece)
-
-
-def _pieces(stack: Tensor, members) -> list[Tensor]:
-    """``stack`` (the members' blocks, concatenated) cut back into one piece per member."""
-    return list(stack.split([k.stop - k.start for _, k in members]))
 
 
 def _graft(u: Tensor, m: Tensor, v: Tensor, ctx: Context) -> Tensor:
