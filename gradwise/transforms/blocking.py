@@ -1,7 +1,9 @@
 """Cutting a parameter into square-ish blocks for Kronecker-factored preconditioners.
 
-A parameter of shape (d0, d1, ...) is seen as the matrix (d0, d1 * ...); each side longer than
-``max_dim`` is cut into runs of ``max_dim`` (the last one shorter), as Distributed Shampoo blocks it.
+A parameter of shape (d0, d1, ...) is seen as the matrix (d0, d1 * ...); a side of length d longer
+than ``max_dim`` is cut into k = ceil(d / max_dim) runs of ceil(d / k) (the last one shorter by less
+than k): balanced, where Distributed Shampoo cuts runs of exactly ``max_dim`` and a short remainder,
+so that a side just over the limit (1152 at 1024) makes two blocks of 576, not 1024 and 128.
 The blocks of one parameter are returned as one (n, rows, cols) stack: the short edge blocks are
 zero-padded to full size, which changes nothing (a zero row of G adds a zero row and column to
 G G^T, whose inverse root is then block-diagonal, and a zero row of G stays zero), and it lets every
@@ -30,7 +32,7 @@ class Blocking:
     def of(cls, shape: torch.Size | tuple[int, ...], max_dim: int) -> "Blocking":
         rows = shape[0]
         cols = math.prod(shape[1:])
-        return cls(tuple(shape), rows, cols, min(rows, max_dim), min(cols, max_dim))
+        return cls(tuple(shape), rows, cols, _balanced(rows, max_dim), _balanced(cols, max_dim))
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -55,6 +57,11 @@ class Blocking:
         m = blocks.reshape(gr, gc, self.block_rows, self.block_cols).transpose(1, 2)
         m = m.reshape(gr * self.block_rows, gc * self.block_cols)[: self.rows, : self.cols]
         return m.reshape(self.shape)
+
+
+def _balanced(length: int, max_dim: int) -> int:
+    runs = -(-length // max_dim)
+    return -(-length // runs)
 
 
 def block_groups(matrices: list[int], blockings: dict[int, Blocking], batch: bool) -> list[list[tuple[int, slice]]]:

@@ -29,11 +29,12 @@ class ShampooReference:
     def _blocks(self, p):
         if p.dim() < 2 or p.numel() == 0:
             return []
-        rows, cols, d = p.shape[0], math.prod(p.shape[1:]), self.o["dim"]
+        rows, cols = p.shape[0], math.prod(p.shape[1:])
         out = []
-        for r in range(0, rows, d):
-            for c in range(0, cols, d):
-                nr, nc = min(d, rows - r), min(d, cols - c)
+        dr, dc = _run(rows, self.o["dim"]), _run(cols, self.o["dim"])
+        for r in range(0, rows, dr):
+            for c in range(0, cols, dc):
+                nr, nc = min(dr, rows - r), min(dc, cols - c)
                 out.append(dict(rows=slice(r, r + nr), cols=slice(c, c + nc), L=torch.zeros(nr, nr, dtype=p.dtype),
                                 R=torch.zeros(nc, nc, dtype=p.dtype), PL=None, PR=None))
         return out
@@ -81,3 +82,8 @@ class ShampooReference:
             if o["decoupled"]:
                 direction = direction + o["wd"] * p
             p.sub_(o["lr"] * direction)
+
+
+def _run(length: int, max_dim: int) -> int:
+    """Blocks of a side: ceil(length / max_dim) runs of equal length, the last one shorter."""
+    return math.ceil(length / math.ceil(length / max_dim))

@@ -21,10 +21,11 @@ class SOAPReference:
         for p in self.params:
             blocks = []
             if p.dim() >= 2 and p.numel():
-                rows, cols, d = p.shape[0], math.prod(p.shape[1:]), max_precond_dim
-                for r in range(0, rows, d):
-                    for c in range(0, cols, d):
-                        nr, nc = min(d, rows - r), min(d, cols - c)
+                rows, cols = p.shape[0], math.prod(p.shape[1:])
+                dr, dc = _run(rows, max_precond_dim), _run(cols, max_precond_dim)
+                for r in range(0, rows, dr):
+                    for c in range(0, cols, dc):
+                        nr, nc = min(dr, rows - r), min(dc, cols - c)
                         blocks.append(dict(rows=slice(r, r + nr), cols=slice(c, c + nc), v=torch.zeros(nr, nc, dtype=p.dtype),
                                            L=torch.zeros(nr, nr, dtype=p.dtype), R=torch.zeros(nc, nc, dtype=p.dtype)))
             self.blocks.append(blocks)
@@ -69,3 +70,8 @@ class SOAPReference:
                         b["v"] = b["v"][order, :] if side == "QL" else b["v"][:, order]
                         b[side] = torch.linalg.qr(b[factor] @ q)[0]
             p.sub_(o["lr"] * (direction.reshape(p.shape) + o["wd"] * p))
+
+
+def _run(length: int, max_dim: int) -> int:
+    """Blocks of a side: ceil(length / max_dim) runs of equal length, the last one shorter."""
+    return math.ceil(length / math.ceil(length / max_dim))
