@@ -100,8 +100,8 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
 def matrices(name: str | None, param: Tensor) -> str:
     """The rule Muon uses: 2-D parameters to ``"matrix"``, except embeddings and output heads
     (recognized by name: ``embed``, ``wte``, ``wpe``, ``lm_head``, ``head``), and everything else to
-    ``"other"``. Without names (plain ``model.parameters()``) only the shape decides."""
-    if param.dim() != 2:
+    ``"other"`` (complex matrices too). Without names (plain ``model.parameters()``) only the shape decides."""
+    if param.dim() != 2 or param.is_complex():
         return "other"
     if name is not None and any(word in name.lower() for word in ("embed", "wte", "wpe", "head")):
         return "other"
