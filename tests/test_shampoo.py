@@ -57,7 +57,11 @@ def test_full_shampoo_matches_float64_reference(options):
     assert_trajectories_close(ours, theirs, torch.float64)
 
 
-def test_batched_equals_one_block_at_a_time_and_trains():
+@pytest.mark.parametrize("batch_elements", [1 << 24, 3 * 64], ids=["one-batch", "chunked"])
+def test_batched_equals_one_block_at_a_time_and_trains(batch_elements, monkeypatch):
+    """Blocks batched (in one stack, or in stacks of 3 blocks of 8 x 8 that cut parameters apart) equal
+    blocks one at a time."""
+    monkeypatch.setattr("gradwise.transforms.blocking.BATCH_ELEMENTS", batch_elements)
     for dtype in (torch.float32, torch.float64):
         options = dict(lr=0.01, precondition_frequency=5, max_preconditioner_dim=8)
         batched = run_mlp(lambda p: gradwise.Shampoo(p, **options), dtype, 30)

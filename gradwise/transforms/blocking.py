@@ -64,16 +64,32 @@ def _balanced(length: int, max_dim: int) -> int:
     return -(-length // runs)
 
 
+#: a batched call holds at most this many elements per stacked operand (64 MiB of float32): past
+#: that, a batch of huge blocks only adds temporaries on fresh pages, and no launches are saved.
+BATCH_ELEMENTS = 1 << 24
+
+
 def block_groups(matrices: list[int], blockings: dict[int, Blocking], batch: bool) -> list[list[tuple[int, slice]]]:
-    """Lists of (parameter index, slice of its blocks) whose blocks go through one batched call: all
-    blocks of one shape together, or (``batch=False``) each block alone."""
+    """Lists of (parameter index, slice of its blocks) whose blocks go through one batched call:
+    blocks of one shape together, up to ``BATCH_ELEMENTS`` per stack, or (``batch=False``) each
+    block alone."""
     if not batch:
         return [[(i, slice(k, k + 1))] for i in matrices for k in range(blockings[i].count)]
-    groups: dict[tuple[int, int], list[tuple[int, slice]]] = {}
+    groups: dict[tuple[int, int], list[list[tuple[int, slice]]]] = {}
     for i in matrices:
-        key = (blockings[i].block_rows, blockings[i].block_cols)
-        groups.setdefault(key, []).append((i, slice(0, blockings[i].count)))
-    return list(groups.values())
+        b = blockings[i]
+        per_batch = max(1, BATCH_ELEMENTS // max(b.block_rows, b.block_cols) ** 2)
+        chunks = groups.setdefault((b.block_rows, b.block_cols), [[]])
+        start = 0
+        while start < b.count:
+            room = per_batch - sum(k.stop - k.start for _, k in chunks[-1])
+            if room == 0:
+                chunks.append([])
+                continue
+            stop = min(b.count, start + room)
+            chunks[-1].append((i, slice(start, stop)))
+            start = stop
+    return [chunk for chunks in groups.values() for chunk in chunks if chunk]
 
 
 def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
