@@ -137,7 +137,7 @@ class Chain(Transform):
     def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
         splitters = [t for t in self.transforms if type(t).split_group is not Transform.split_group]
         if len(splitters) > 1:
-            raise ValueError(f"{self!r} holds more than one route(); nest routes inside one route instead")
+            raise ValueError(f"{self!r} holds more than one route(); give one route() all the routes instead")
         return splitters[0].split_group(group) if splitters else [group]
 
     def for_group(self, group: Mapping[str, Any]) -> Transform:
