@@ -3,7 +3,6 @@ Distributed Shampoo test pattern); full Shampoo equals a float64 reference writt
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -105,6 +104,3 @@ def test_bad_arguments_name_the_value():
 
 def _clone(params):
     return [p.detach().clone().requires_grad_() for p in params]
-
-
-del warnings
