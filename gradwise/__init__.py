@@ -9,25 +9,46 @@ behind a drop-in ``torch.optim.Optimizer``::
 from gradwise.core.hyper import Hyper
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import Chain, Context, Transform, chain
-from gradwise.recipes import SGD, Adam, AdamW, Lion, Lookahead, NAdamW, Ranger21, ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
+from gradwise.recipes import (
+    SGD,
+    SOAP,
+    Adam,
+    AdamW,
+    Lion,
+    Lookahead,
+    Muon,
+    NAdamW,
+    Ranger21,
+    ScheduleFreeAdamW,
+    ScheduleFreeSGD,
+    Shampoo,
+    schedule_free,
+)
 from gradwise.transforms import (
     add_decayed_weights,
     lookahead,
+    orthogonalize_by_newton_schulz,
+    route,
     scale_by_adam,
     scale_by_learning_rate,
     scale_by_lion,
     scale_by_nadam,
     scale_by_rms,
     scale_by_schedule_free,
+    scale_by_shampoo,
+    scale_by_shape,
+    scale_by_soap,
     skip_nonfinite,
     trace,
+    trace_ema,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "NAdamW", "Optimizer", "Ranger21", "ScheduleFreeAdamW",
-    "ScheduleFreeSGD", "Transform",
-    "add_decayed_weights", "chain", "lookahead", "scale_by_adam", "scale_by_learning_rate", "scale_by_lion",
-    "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free", "schedule_free", "skip_nonfinite", "trace",
+    "SGD", "SOAP", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon", "NAdamW", "Optimizer",
+    "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo", "Transform",
+    "add_decayed_weights", "chain", "lookahead", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
+    "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
+    "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]

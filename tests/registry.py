@@ -1,7 +1,8 @@
 """One registry of recipes, their references and their hyperparameter cases.
 
-Every generic test walks ``CASES``: parity with the reference step by step, compiled equals eager.
-The next recipe costs one entry here.
+Every generic test walks ``CASES``: parity with the reference step by step (cases whose reference is
+None are checked against float64 implementations from their papers in their own test files),
+compiled equals eager, exact resume. The next recipe costs one entry here.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import gradwise
 class Case:
     name: str
     recipe: type[gradwise.Optimizer]
-    reference: Callable[..., torch.optim.Optimizer]
+    reference: Callable[..., torch.optim.Optimizer] | None  # None: a float64 paper reference elsewhere
     kwargs: dict[str, Any] = field(default_factory=dict)
     reference_kwargs: dict[str, Any] | None = None  # when the reference spells an option differently
     trains: bool = True  # False for cases that make no sense on a training loss (gradient ascent)
+    compiles: bool = True  # False for batched chains (matrix preconditioners), which always run eagerly
 
     def ours(self, params, compile: bool) -> gradwise.Optimizer:
         return self.recipe(params, compile=compile, **self.kwargs)
@@ -70,8 +72,14 @@ CASES = [
     Case("ranger21", gradwise.Ranger21, _ranger21, dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
          dict(lr=3e-3, num_iterations=50, beta0=0.9)),
     Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
+    Case("muon", gradwise.Muon, None, dict(lr=0.02, adamw_lr=1e-3)),
+    Case("shampoo", gradwise.Shampoo, None, dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8),
+         compiles=False),
+    Case("soap", gradwise.SOAP, None, dict(lr=0.01, precondition_frequency=2, max_precond_dim=8), compiles=False),
 ]
 
+#: the cases with a reference optimizer to compare against step by step
+REFERENCED = [c for c in CASES if c.reference is not None]
 #: every recipe class the registry covers, for the generic tests that need a class, not a case.
 RECIPES = list(dict.fromkeys(c.recipe for c in CASES))
 

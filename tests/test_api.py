@@ -626,7 +626,7 @@ def test_state_dict_round_trip_resumes_bit_identically(case, compile):
         for key in opt.state[a]:
             assert torch.equal(opt.state[a][key], resumed.state[b][key]), key
     assert opt.param_groups[0]["lr"] == resumed.param_groups[0]["lr"]
-    if compile:
+    if compile and case.compiles:
         assert resumed.compile_stats["compiles"] >= 1
 
 

@@ -87,7 +87,7 @@ class Optimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
-        self._compiled: CompiledStep | None = None
+        self._compiled: dict[Transform, CompiledStep] = {}  # one per chain that runs (one per route)
         super().__init__(params, defaults)
         self.register_state_dict_post_hook(_save_counters)
         self.register_load_state_dict_pre_hook(_load_counters)
@@ -96,7 +96,6 @@ class Optimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         index = len(getattr(self, "param_groups", []))
         check_new_group(param_group, index)
-        _check_disjoint(param_group, index, getattr(self, "param_groups", []))
         unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in _BOOKKEEPING_KEYS)
         if unknown:
             raise ValueError(
@@ -105,7 +104,9 @@ class Optimizer(torch.optim.Optimizer):
         for key in self.hyper_specs:
             if key in param_group:
                 self.hyper_specs[key].validate(key, param_group[key])
-        super().add_param_group(param_group)
+        _check_disjoint(param_group, index, getattr(self, "param_groups", []))
+        for group in self.transform.split_group(param_group):  # one group, or one per route
+            super().add_param_group(group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -206,7 +207,8 @@ class Optimizer(torch.optim.Optimizer):
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
-        advances = any(type(t).advance is not Transform.advance for _, t in self.transform.links())
+        transform = self.transform.for_group(group)
+        advances = any(type(t).advance is not Transform.advance for _, t in transform.links())
         # A failed step changes nothing in this bucket: counters, the scalar state that advance()
         # writes and newly created state are put back (param-shaped state is written only by a
         # graph that compiled, on copies first, so a compile failure never reaches it).
@@ -217,11 +219,12 @@ class Optimizer(torch.optim.Optimizer):
                 st["step"] += 1
                 by_step[int(st["step"])].append(i)
             for step, members in by_step.items():
-                scalars = self.transform.scalars(group, step)
+                scalars = transform.scalars(group, step)
                 for i in members if advances else ():
-                    self.transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
+                    transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
                 values, layout = pack(hyper, scalars, dtype, device)
-                self._run([params[i] for i in members], [states[i] for i in members], values, layout, static)
+                self._run(transform, [params[i] for i in members], [states[i] for i in members], values, layout,
+                          static)
         except BaseException:
             for st in states:
                 st["step"] -= 1
@@ -232,10 +235,10 @@ class Optimizer(torch.optim.Optimizer):
                 del self.state[p]
             raise
 
-    def _run(self, params, states, values, layout, static) -> None:
-        if not self.transform.elementwise and isinstance(params[0], DTensor):
+    def _run(self, transform, params, states, values, layout, static) -> None:
+        if not transform.elementwise and isinstance(params[0], DTensor):
             raise NotImplementedError(
-                f"{self.transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
+                f"{transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
                 " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
             )
         keys = [k for k in states[0] if k != "step"]
@@ -243,7 +246,7 @@ class Optimizer(torch.optim.Optimizer):
         grads = [local(p.grad) for p in params]
         own = [{k: local(s[k]) for k in keys} for s in states]
         eager = list(range(len(views)))
-        runner = self._runner()
+        runner = self._runner(transform)
         if runner is not None:
             chosen = [i for i in eager if runner.accepts(views[i], grads[i], own[i])]
             compiled = set(chosen)
@@ -259,23 +262,27 @@ class Optimizer(torch.optim.Optimizer):
                 self._use_compiled = False
                 eager += chosen[runner.done:]
         if eager:
-            run_eager(self.transform, [views[i] for i in eager], [grads[i] for i in eager],
+            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager],
                       [own[i] for i in eager], values, layout, static)
 
-    def _runner(self) -> CompiledStep | None:
+    def _runner(self, transform: Transform) -> CompiledStep | None:
+        """The compiled step for the chain; None (run eagerly) when compilation is off or the chain is
+        ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
+        same-shaped matrices into one batched matmul or eigh)."""
         if self._use_compiled is None:
             numel = sum(p.numel() for g in self.param_groups for p in g["params"])
             self._use_compiled = numel >= AUTO_COMPILE_MIN_NUMEL
-        if not self._use_compiled:
+        if not self._use_compiled or transform.batched:
             return None
-        if self._compiled is None:
-            self._compiled = CompiledStep(self.transform)
-        return self._compiled
+        if transform not in self._compiled:
+            self._compiled[transform] = CompiledStep(transform)
+        return self._compiled[transform]
 
     def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         state = self.state[p]
-        if "step" not in state or any(k not in state for k in self.transform.state):
-            fresh = self.transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
+        transform = self.transform.for_group(group)
+        if "step" not in state or any(k not in state for k in transform.state):
+            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
             for key, value in fresh.items():
                 state.setdefault(key, value)
             state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
@@ -299,9 +306,8 @@ class Optimizer(torch.optim.Optimizer):
     @property
     def compile_stats(self) -> dict[str, float]:
         """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
-        if self._compiled is None:
-            return {"compiles": 0, "seconds": 0.0}
-        return {"compiles": self._compiled.compiles, "seconds": self._compiled.compile_seconds}
+        return {"compiles": sum(c.compiles for c in self._compiled.values()),
+                "seconds": sum(c.compile_seconds for c in self._compiled.values())}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"

@@ -54,6 +54,8 @@ class Transform:
 
     ``elementwise`` says the update of one element depends only on that element (and scalars), so the
     executor may run it on flattened views and on local shards of DTensor parameters.
+    ``batched`` says the update stacks same-shaped tensors of different parameters (one batched matmul
+    or eigh), so it runs over a whole bucket at once, eagerly, never one parameter per compiled call.
     ``name`` namespaces the state keys inside a chain.
     """
 
@@ -61,6 +63,7 @@ class Transform:
     state: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
     elementwise: bool = True
+    batched: bool = False
 
     def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         """State buffers for one parameter; the default is zeros shaped like the parameter."""
@@ -101,6 +104,15 @@ class Transform:
         """The (namespace, transform) pairs this transform is made of."""
         return [(self.name, self)]
 
+    def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
+        """The param groups a user's group becomes; one, itself, except under ``route``, which
+        splits it by route (called before torch normalizes the group, so items may be (name, p))."""
+        return [group]
+
+    def for_group(self, group: Mapping[str, Any]) -> "Transform":
+        """The transform that runs on this group's parameters: itself, except under ``route``."""
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -120,6 +132,7 @@ class Chain(Transform):
         self._names = _unique_names(self.transforms)
         self.state = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.state)
         self.elementwise = all(t.elementwise for t in self.transforms)
+        self.batched = any(t.batched for t in self.transforms)
         merged: dict[str, Hyper] = {}
         for t in self.transforms:
             for key, spec in t.hyper.items():
@@ -133,6 +146,22 @@ class Chain(Transform):
 
     def links(self) -> list[tuple[str, Transform]]:
         return list(zip(self._names, self.transforms))
+
+    def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
+        splitters = [t for t in self.transforms if type(t).split_group is not Transform.split_group]
+        if len(splitters) > 1:
+            raise ValueError(f"{self!r} holds more than one route(); give one route() all the routes instead")
+        return splitters[0].split_group(group) if splitters else [group]
+
+    def for_group(self, group: Mapping[str, Any]) -> Transform:
+        resolved = tuple(t.for_group(group) for t in self.transforms)
+        if all(a is b for a, b in zip(resolved, self.transforms)):
+            return self
+        key = tuple(id(t) for t in resolved)
+        cache = self.__dict__.setdefault("_resolved", {})
+        if key not in cache:
+            cache[key] = Chain(*resolved)
+        return cache[key]
 
     def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

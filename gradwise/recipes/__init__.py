@@ -2,9 +2,13 @@
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lookahead import Lookahead
+from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.ranger21 import Ranger21
 from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
 from gradwise.recipes.sgd import SGD
+from gradwise.recipes.shampoo import Shampoo
+from gradwise.recipes.soap import SOAP
 
-__all__ = ["SGD", "Adam", "AdamW", "Lion", "Lookahead", "NAdamW", "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "schedule_free"]
+__all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
+           "ScheduleFreeSGD", "Shampoo", "schedule_free"]

@@ -1,14 +1,19 @@
-"""The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``trace`` keeps momentum."""
+"""The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
+``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
 from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
-from gradwise.transforms.momentum import trace
+from gradwise.transforms.momentum import trace, trace_ema
+from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay, shrink_like_ranger21
+from gradwise.transforms.route import route
 from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_free
+from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
+from gradwise.transforms.soap import scale_by_soap
 from gradwise.transforms.weight_decay import add_decayed_weights
 
 __all__ = [
@@ -19,6 +24,8 @@ __all__ = [
     "clip_by_agc",
     "lookahead",
     "normalize_gradient",
+    "orthogonalize_by_newton_schulz",
+    "route",
     "scale_by_adam",
     "scale_by_learning_rate",
     "scale_by_lion",
@@ -27,7 +34,11 @@ __all__ = [
     "scale_by_rms",
     "scale_by_schedule",
     "scale_by_schedule_free",
+    "scale_by_shampoo",
+    "scale_by_shape",
+    "scale_by_soap",
     "shrink_like_ranger21",
     "skip_nonfinite",
     "trace",
+    "trace_ema",
 ]

@@ -39,3 +39,24 @@ class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
             b.copy_(torch.where(first > 0, u, b * mu + u * (1 - dampening)))
             out.append(u + b * mu if ctx["nesterov"] else b)
         return out
+
+
+class trace_ema(Transform):  # noqa: N801
+    """Momentum as an exponential moving average, as torch.optim.Muon keeps it:
+    b <- mu b + (1 - mu) u;   u <- (1 - mu) u + mu b  (nesterov)  or  u <- b.
+    """
+
+    name = "ema"
+    state = ("momentum_buffer",)
+    hyper = {"momentum": Hyper(0.95, closed_unit_interval), "nesterov": Hyper(True, boolean, static=True)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"one_minus_momentum": 1 - hyper["momentum"]}  # in double precision, as torch computes it
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        mu = ctx["momentum"]
+        out = []
+        for u, b in zip(updates, state["momentum_buffer"]):
+            b.lerp_(u, ctx["one_minus_momentum"])
+            out.append(u.lerp(b, mu) if ctx["nesterov"] else b.clone())
+        return out

@@ -1,0 +1,97 @@
+"""Cutting a parameter into square-ish blocks for Kronecker-factored preconditioners.
+
+A parameter of shape (d0, d1, ...) is seen as the matrix (d0, d1 * ...); a side of length d longer
+than ``max_dim`` is cut into k = ceil(d / max_dim) runs of ceil(d / k) (the last one shorter by less
+than k): balanced, where Distributed Shampoo cuts runs of exactly ``max_dim`` and a short remainder,
+so that a side just over the limit (1152 at 1024) makes two blocks of 576, not 1024 and 128.
+The blocks of one parameter are returned as one (n, rows, cols) stack: the short edge blocks are
+zero-padded to full size, which changes nothing (a zero row of G adds a zero row and column to
+G G^T, whose inverse root is then block-diagonal, and a zero row of G stays zero), and it lets every
+block of every parameter with the same block shape go through one batched matmul or eigh.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """How one parameter shape is cut: matrix (rows, cols) into a grid of (block_rows, block_cols)."""
+
+    shape: tuple[int, ...]
+    rows: int
+    cols: int
+    block_rows: int
+    block_cols: int
+
+    @classmethod
+    def of(cls, shape: torch.Size | tuple[int, ...], max_dim: int) -> "Blocking":
+        rows = shape[0]
+        cols = math.prod(shape[1:])
+        return cls(tuple(shape), rows, cols, _balanced(rows, max_dim), _balanced(cols, max_dim))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return -(-self.rows // self.block_rows), -(-self.cols // self.block_cols)
+
+    @property
+    def count(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def split(self, x: Tensor) -> Tensor:
+        """(n, block_rows, block_cols) blocks of ``x`` (a tensor of ``shape``), row-major over the grid."""
+        gr, gc = self.grid
+        m = x.reshape(self.rows, self.cols)
+        pad_rows, pad_cols = gr * self.block_rows - self.rows, gc * self.block_cols - self.cols
+        if pad_rows or pad_cols:
+            m = torch.nn.functional.pad(m, (0, pad_cols, 0, pad_rows))
+        return m.reshape(gr, self.block_rows, gc, self.block_cols).transpose(1, 2).reshape(-1, self.block_rows, self.block_cols)
+
+    def merge(self, blocks: Tensor) -> Tensor:
+        """The inverse of ``split``: a tensor of ``shape`` from its blocks (padding dropped)."""
+        gr, gc = self.grid
+        m = blocks.reshape(gr, gc, self.block_rows, self.block_cols).transpose(1, 2)
+        m = m.reshape(gr * self.block_rows, gc * self.block_cols)[: self.rows, : self.cols]
+        return m.reshape(self.shape)
+
+
+def _balanced(length: int, max_dim: int) -> int:
+    runs = -(-length // max_dim)
+    return -(-length // runs)
+
+
+#: a batched call holds at most this many elements per stacked operand (64 MiB of float32): past
+#: that, a batch of huge blocks only adds temporaries on fresh pages, and no launches are saved.
+BATCH_ELEMENTS = 1 << 24
+
+
+def block_groups(matrices: list[int], blockings: dict[int, Blocking], batch: bool) -> list[list[tuple[int, slice]]]:
+    """Lists of (parameter index, slice of its blocks) whose blocks go through one batched call:
+    blocks of one shape together, up to ``BATCH_ELEMENTS`` per stack, or (``batch=False``) each
+    block alone."""
+    if not batch:
+        return [[(i, slice(k, k + 1))] for i in matrices for k in range(blockings[i].count)]
+    groups: dict[tuple[int, int], list[list[tuple[int, slice]]]] = {}
+    for i in matrices:
+        b = blockings[i]
+        per_batch = max(1, BATCH_ELEMENTS // max(b.block_rows, b.block_cols) ** 2)
+        chunks = groups.setdefault((b.block_rows, b.block_cols), [[]])
+        start = 0
+        while start < b.count:
+            room = per_batch - sum(k.stop - k.start for _, k in chunks[-1])
+            if room == 0:
+                chunks.append([])
+                continue
+            stop = min(b.count, start + room)
+            chunks[-1].append((i, slice(start, stop)))
+            start = stop
+    return [chunk for chunks in groups.values() for chunk in chunks if chunk]
+
+
+def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
+    """``stack`` (the members' blocks, concatenated) cut back into one piece per member."""
+    return list(stack.split([k.stop - k.start for _, k in members]))

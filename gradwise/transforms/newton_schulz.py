@@ -1,0 +1,120 @@
+"""Muon's matrix step: orthogonalize the update by a quintic Newton-Schulz iteration, then rescale it
+by the matrix's shape (Jordan et al., 2024, "Muon: an optimizer for hidden layers in neural
+networks", https://kellerjordan.github.io/posts/muon/; Liu et al., 2025, arXiv:2502.16982)."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, positive
+from gradwise.core.transform import Context, Transform
+
+#: (a, b, c) of the quintic from the Muon reference: the largest slope at zero for which five
+#: iterations still map every singular value in (0, 1] into about [0.7, 1.2].
+MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_DTYPES = (None, torch.bfloat16, torch.float16, torch.float32, torch.float64)
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "none")
+
+
+def _coefficients(name: str, value: Any) -> None:
+    if not (isinstance(value, (tuple, list)) and len(value) == 3
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
+        raise ValueError(f"invalid {name}={value!r}: expected three finite numbers (a, b, c)")
+
+
+def _steps(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 100:
+        raise ValueError(f"invalid {name}={value!r}: expected an integer in [1, 99]")
+
+
+def _ns_dtype(name: str, value: Any) -> None:
+    if value not in NS_DTYPES:
+        raise ValueError(f"invalid {name}={value!r}: expected one of {NS_DTYPES} (None: the update's dtype)")
+
+
+def _adjust_lr_fn(name: str, value: Any) -> None:
+    if value not in ADJUST_LR_FNS:
+        raise ValueError(f"invalid {name}={value!r}: expected one of {ADJUST_LR_FNS}")
+
+
+def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: Any) -> Tensor:
+    """Orthogonalize a stack of matrices ``x`` of shape (k, rows, cols) with rows <= cols:
+    X <- X / max(||X||_F, eps), then ``steps`` times X <- a X + (b A + c A^2) X with A = X X^T.
+    Each iteration is three batched matmuls over the whole stack."""
+    a, b, c = coefficients
+    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x
+
+
+class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
+    """U <- NS(U): the nearest semi-orthogonal matrix to each 2-D update, approximately (U S' V^T
+    with S' near 1 instead of U V^T, which the quintic trades for speed).
+
+    Tall matrices are transposed so the Gram matrix is the smaller one, and updates of the same
+    shape are stacked and iterated together (batched matmuls), not one by one. ``ns_dtype`` is the
+    dtype of the iteration: bfloat16 as in torch.optim.Muon and the reference, None for the update's.
+    Only 2-D updates are accepted: route other parameters elsewhere (``route``).
+    """
+
+    name = "newton_schulz"
+    elementwise = False
+    batched = True
+    hyper = {
+        "ns_coefficients": Hyper(MUON_COEFFICIENTS, _coefficients, static=True),
+        "ns_steps": Hyper(5, _steps, static=True),
+        "eps": Hyper(1e-7, positive),
+        "ns_dtype": Hyper(torch.bfloat16, _ns_dtype, static=True),
+    }
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        for u in updates:
+            if u.dim() != 2:
+                raise ValueError(f"orthogonalize_by_newton_schulz: got an update of shape {tuple(u.shape)};"
+                                 " it orthogonalizes 2-D matrices only (route others to another chain)")
+        dtype = ctx["ns_dtype"]
+        by_shape: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, u in enumerate(updates):
+            by_shape[tuple(sorted(u.shape))].append(i)
+        out: list[Tensor] = list(updates)
+        for members in by_shape.values():
+            stack = torch.stack([_wide(updates[i]) for i in members])
+            ortho = newton_schulz(stack.to(dtype or stack.dtype), ctx["ns_coefficients"], ctx["ns_steps"], ctx["eps"])
+            for i, o in zip(members, ortho.to(updates[members[0]].dtype).unbind()):
+                out[i] = o.mT if updates[i].shape[0] > updates[i].shape[1] else o
+        return out
+
+
+def _wide(u: Tensor) -> Tensor:
+    return u.mT if u.shape[0] > u.shape[1] else u
+
+
+class scale_by_shape(Transform):  # noqa: N801
+    """U <- s U for an (A, B) matrix: s = sqrt(max(1, A/B)) for ``adjust_lr_fn`` None or "original"
+    (Jordan's Muon: every update then has about the RMS of a square one), s = 0.2 sqrt(max(A, B))
+    for "match_rms_adamw" (Liu et al.: the update's RMS matches AdamW's, so AdamW's lr and weight
+    decay carry over), s = 1 for "none". Applied after weight decay is not the same: torch.optim.Muon
+    scales only the orthogonalized update, so this link sits before ``add_decayed_weights``.
+    """
+
+    name = "shape_scale"
+    elementwise = False
+    hyper = {"adjust_lr_fn": Hyper(None, _adjust_lr_fn, static=True)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return [u * shape_scale(ctx["adjust_lr_fn"], u.shape) for u in updates]
+
+
+def shape_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    rows, cols = shape[0], shape[1]
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0

@@ -1,0 +1,185 @@
+"""Shampoo: Kronecker-factored preconditioning per block, with its step size grafted from a diagonal
+method (Gupta et al., 2018, arXiv:1802.09568; Anil et al., 2020, arXiv:2002.09018; Shi et al., 2023,
+arXiv:2309.06497, Distributed Shampoo)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, positive, unit_interval
+from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.blocking import Blocking, block_groups, pieces
+from gradwise.transforms.matrix_root import inverse_roots
+
+GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
+PRECONDITIONER_DTYPES = (torch.float32, torch.float64)
+
+
+def _betas(name: str, value: Any) -> None:
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) for b in value)
+    if not ok or not (0 <= value[0] < 1 and 0 < value[1] <= 1):
+        raise ValueError(f"invalid {name}={value!r}: expected (beta1, beta2) with beta1 in [0, 1), beta2 in (0, 1]")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+
+
+def _start(name: str, value: Any) -> None:
+    if value is not None and not (value == math.inf or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+        raise ValueError(f"invalid {name}={value!r}: expected None (= precondition_frequency), an integer >= 1 or math.inf")
+
+
+def _choice(options):
+    def check(name: str, value: Any) -> None:
+        if value not in options:
+            raise ValueError(f"invalid {name}={value!r}: expected one of {options}")
+    return check
+
+
+def _boolean(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"invalid {name}={value!r}: expected True or False")
+
+
+class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+    """Blocked Shampoo with grafting, for parameters of two or more dimensions (seen as matrices
+    (d0, d1 * ...), cut into blocks of at most ``max_preconditioner_dim`` per side); parameters of
+    fewer dimensions (biases, scalars) take the grafting method's direction alone.
+
+    Every step t, per block G:  L <- b2 L + (1-b2) G G^T,  R <- b2 R + (1-b2) G^T G  (b2 = 1: sums);
+    graft state:  v <- bg v + (1-bg) g^2 (adam, rmsprop) or v <- v + g^2 (adagrad);
+    m <- b1 m + (1-b1) g,  m_hat = m / (1-b1^t);  D_graft = m_hat / (sqrt(v_hat) + eps_g) (sgd: m_hat),
+    v_hat = v / (1-bg^t) for adam, v otherwise.
+    At steps start, start + f, start + 2f, ... (f = ``precondition_frequency``, start =
+    ``start_preconditioning_step``, default f) the inverse roots are recomputed by eigendecomposition
+    in ``preconditioner_dtype``:  P_L = (L_hat + eps I)^(-1/4), P_R = (R_hat + eps I)^(-1/4), with
+    L_hat = L / (1-b2^t). From step ``start`` on, each block's direction is
+    D = P_L m_hat P_R * ||D_graft|| / ||P_L m_hat P_R||  (Frobenius norms per block); before, D_graft.
+    A block whose eigendecomposition fails keeps its previous roots (a warning; ``eigh_failures``
+    counts them). Blocks of one shape, across all parameters, go through one batched matmul and one
+    batched ``eigh`` (``batch_blocks=False``: one block at a time, for comparison).
+    """
+
+    name = "shampoo"
+    state = ("factor_left", "factor_right", "root_left", "root_right", "exp_avg", "graft_sq")
+    elementwise = False
+    batched = True
+    hyper = {
+        "betas": Hyper((0.9, 0.999), _betas),
+        "epsilon": Hyper(1e-12, positive),
+        "max_preconditioner_dim": Hyper(8192, _positive_int, static=True),
+        "precondition_frequency": Hyper(100, _positive_int, static=True),
+        "start_preconditioning_step": Hyper(None, _start, static=True),
+        "grafting": Hyper("adam", _choice(GRAFTINGS), static=True),
+        "grafting_beta2": Hyper(0.999, unit_interval),
+        "grafting_epsilon": Hyper(1e-8, positive),
+        "use_bias_correction": Hyper(True, _boolean, static=True),
+        "preconditioner_dtype": Hyper(torch.float32, _choice(PRECONDITIONER_DTYPES), static=True),
+        "batch_blocks": Hyper(True, _boolean, static=True),
+    }
+
+    def __init__(self) -> None:
+        self.eigh_failures = 0
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        dtype = state_dtype(param)
+        out = {"exp_avg": torch.zeros_like(param, dtype=dtype),
+               "graft_sq": torch.zeros_like(param, dtype=dtype) if group["grafting"] != "sgd"
+               else torch.zeros(0, dtype=dtype, device=param.device)}
+        n, r, c = 0, 0, 0
+        if param.dim() >= 2 and param.numel() > 0:
+            b = Blocking.of(param.shape, group["max_preconditioner_dim"])
+            n, r, c = b.count, b.block_rows, b.block_cols
+        for side, size in (("left", r), ("right", c)):
+            out[f"factor_{side}"] = torch.zeros(n, size, size, dtype=dtype, device=param.device)
+            out[f"root_{side}"] = torch.zeros(n, size, size, dtype=dtype, device=param.device)
+        return out
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = hyper["betas"]
+        bg = hyper["grafting_beta2"]
+        frequency = hyper["precondition_frequency"]
+        start = hyper["start_preconditioning_step"] or frequency
+        correct = hyper["use_bias_correction"]
+        return {
+            "one_minus_beta1": 1 - b1,
+            "one_minus_beta2": 1 - b2,
+            "sum_factors": float(b2 == 1),
+            "inv_bias1": 1 / (1 - b1**step) if correct else 1.0,
+            "inv_bias2": 1 / (1 - b2**step) if correct and b2 < 1 else 1.0,
+            "inv_graft_bias2_sqrt": 1 / math.sqrt(1 - bg**step) if hyper["grafting"] == "adam" else 1.0,
+            "recompute": float(step >= start and (step - start) % frequency == 0),
+            "precondition": float(step >= start),
+        }
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        directions = [_graft(u, m, v, ctx) for u, m, v in zip(updates, state["exp_avg"], state["graft_sq"])]
+        matrices = [i for i, f in enumerate(state["factor_left"]) if f.numel() > 0]
+        if not matrices:
+            return directions
+        blockings = {i: Blocking.of(updates[i].shape, ctx["max_preconditioner_dim"]) for i in matrices}
+        grads = {i: blockings[i].split(updates[i]) for i in matrices}
+        recompute, precondition = bool(ctx["recompute"]), bool(ctx["precondition"])
+        if precondition:
+            m_hat = {i: blockings[i].split(state["exp_avg"][i] * ctx["inv_bias1"]) for i in matrices}
+            graft = {i: blockings[i].split(directions[i]) for i in matrices}
+            out = {i: torch.empty_like(graft[i]) for i in matrices}
+        for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
+            self._accumulate(torch.cat([grads[i][k] for i, k in members]), members, state, ctx)
+            if recompute:
+                self._refresh_roots(members, state, ctx)
+            if not precondition:
+                continue
+            left, right = (torch.cat([state[f"root_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
+            shampoo = left @ torch.cat([m_hat[i][k] for i, k in members]) @ right
+            g = torch.cat([graft[i][k] for i, k in members])
+            norm = torch.linalg.vector_norm(shampoo, dim=(-2, -1), keepdim=True)
+            graft_norm = torch.linalg.vector_norm(g, dim=(-2, -1), keepdim=True)
+            blocks = torch.where(norm > 0, shampoo * (graft_norm / norm), g)
+            for (i, k), piece in zip(members, pieces(blocks, members)):
+                out[i][k] = piece
+        if precondition:
+            for i in matrices:
+                directions[i] = blockings[i].merge(out[i])
+        return directions
+
+    @staticmethod
+    def _accumulate(grads: Tensor, members, state, ctx: Context) -> None:
+        for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
+            for (i, k), piece in zip(members, pieces(outer, members)):
+                factor = state[f"factor_{side}"][i][k]
+                if ctx["sum_factors"]:
+                    factor.add_(piece)
+                else:
+                    factor.lerp_(piece, ctx["one_minus_beta2"])
+
+    def _refresh_roots(self, members, state, ctx: Context) -> None:
+        for side in ("left", "right"):
+            factors = torch.cat([state[f"factor_{side}"][i][k] for i, k in members]) * ctx["inv_bias2"]
+            previous = torch.cat([state[f"root_{side}"][i][k] for i, k in members])
+            dtype = torch.promote_types(factors.dtype, ctx["preconditioner_dtype"])
+            roots, failed = inverse_roots(factors, 4, ctx["epsilon"], dtype, previous)
+            self.eigh_failures += failed
+            for (i, k), piece in zip(members, pieces(roots, members)):
+                state[f"root_{side}"][i][k].copy_(piece)
+
+
+def _graft(u: Tensor, m: Tensor, v: Tensor, ctx: Context) -> Tensor:
+    """The grafting method's direction for one parameter; updates its first moment and graft state."""
+    m.lerp_(u, ctx["one_minus_beta1"])
+    m_hat = m * ctx["inv_bias1"]
+    grafting = ctx["grafting"]
+    if grafting == "sgd":
+        return m_hat
+    if grafting == "adagrad":
+        v.add_(u * u)
+    else:
+        bg = ctx["grafting_beta2"]
+        v.mul_(bg).add_(u * u * (1 - bg))
+    return m_hat / (v.sqrt() * ctx["inv_graft_bias2_sqrt"] + ctx["grafting_epsilon"])

@@ -1,0 +1,146 @@
+"""SOAP: Adam run in the eigenbasis of Shampoo's preconditioner (Vyas et al., 2024, arXiv:2409.11321)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
+from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.blocking import Blocking, block_groups, pieces
+from gradwise.transforms.matrix_root import eigenbases, keep_previous
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+
+
+def _shampoo_beta(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
+        raise ValueError(f"invalid {name}={value!r}: expected None (= betas[1]) or a number in [0, 1)")
+
+
+class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+    """For each block G of a parameter of two or more dimensions (seen as a matrix, cut into blocks of
+    at most ``max_precond_dim`` per side), with Q_L, Q_R the eigenbases of Shampoo's factors:
+
+    G' = Q_L^T G Q_R;  m <- b1 m + (1-b1) G;  v <- b2 v + (1-b2) G'^2  (v lives in the eigenbasis);
+    U = sqrt(1-b2^t)/(1-b1^t) * Q_L [(Q_L^T m Q_R) / (sqrt(v) + eps)] Q_R^T;
+    then L <- s L + (1-s) G G^T, R <- s R + (1-s) G^T G  (s = ``shampoo_beta``, default b2).
+    At step 1 the factors are accumulated first and Q_L, Q_R are their eigenvectors (``eigh``, by
+    decreasing eigenvalue); every ``precondition_frequency`` steps after, each basis is refreshed by
+    one power iteration with QR, Q <- qr(L Q), after sorting its columns (and v's rows or columns)
+    by the estimated eigenvalues diag(Q^T L Q), as the authors' implementation does.
+    Parameters of fewer dimensions get Adam with the same bias-correction placement.
+    Same-shaped blocks of all parameters share each batched matmul, ``eigh`` and ``qr``.
+    """
+
+    name = "soap"
+    state = ("exp_avg", "exp_avg_sq", "factor_left", "factor_right", "basis_left", "basis_right")
+    elementwise = False
+    batched = True
+    hyper = {
+        "betas": Hyper((0.95, 0.95), betas_pair),
+        "shampoo_beta": Hyper(None, _shampoo_beta, static=True),
+        "eps": Hyper(1e-8, positive),
+        "precondition_frequency": Hyper(10, _positive_int, static=True),
+        "max_precond_dim": Hyper(10000, _positive_int, static=True),
+        "batch_blocks": Hyper(True, boolean, static=True),
+    }
+
+    def __init__(self) -> None:
+        self.eigh_failures = 0
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        dtype, device = state_dtype(param), param.device
+        out = {"exp_avg": torch.zeros_like(param, dtype=dtype), "exp_avg_sq": torch.zeros_like(param, dtype=dtype)}
+        n, r, c = 0, 0, 0
+        if param.dim() >= 2 and param.numel() > 0:
+            b = Blocking.of(param.shape, group["max_precond_dim"])
+            n, r, c = b.count, b.block_rows, b.block_cols
+            out["exp_avg_sq"] = torch.zeros(n, r, c, dtype=dtype, device=device)
+        for side, size in (("left", r), ("right", c)):
+            out[f"factor_{side}"] = torch.zeros(n, size, size, dtype=dtype, device=device)
+            out[f"basis_{side}"] = torch.eye(size, dtype=dtype, device=device).expand(n, size, size).clone()
+        return out
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = hyper["betas"]
+        s = b2 if hyper["shampoo_beta"] is None else hyper["shampoo_beta"]
+        return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2, "one_minus_shampoo_beta": 1 - s,
+                "step_scale": math.sqrt(1 - b2**step) / (1 - b1**step), "first": float(step == 1),
+                "refresh": float(step > 1 and step % hyper["precondition_frequency"] == 0)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        out: list[Tensor] = []
+        for u, m in zip(updates, state["exp_avg"]):
+            m.lerp_(u, ctx["one_minus_beta1"])
+        matrices = [i for i, f in enumerate(state["factor_left"]) if f.numel() > 0]
+        for i, (u, m, v) in enumerate(zip(updates, state["exp_avg"], state["exp_avg_sq"])):
+            if i not in matrices:
+                v.mul_(ctx["betas"][1]).add_(u * u * ctx["one_minus_beta2"])
+            out.append(m / (v.sqrt() + ctx["eps"]) * ctx["step_scale"] if i not in matrices else u)
+        if not matrices:
+            return out
+        first, refresh = bool(ctx["first"]), bool(ctx["refresh"])
+        blockings = {i: Blocking.of(updates[i].shape, ctx["max_precond_dim"]) for i in matrices}
+        grads = {i: blockings[i].split(updates[i]) for i in matrices}
+        moments = {i: blockings[i].split(state["exp_avg"][i]) for i in matrices}
+        result = {i: torch.empty_like(grads[i]) for i in matrices}
+        for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
+            g = torch.cat([grads[i][k] for i, k in members])
+            if first:
+                self._accumulate(g, members, state, ctx)
+                self._eigenbases(members, state)
+            ql, qr = (torch.cat([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
+            rotated = ql.mT @ g @ qr
+            v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
+            v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
+            direction = ql @ ((ql.mT @ torch.cat([moments[i][k] for i, k in members]) @ qr) / (v.sqrt() + ctx["eps"])) @ qr.mT
+            for (i, k), piece, v_piece in zip(members, pieces(direction, members), pieces(v, members)):
+                result[i][k] = piece * ctx["step_scale"]
+                state["exp_avg_sq"][i][k].copy_(v_piece)
+            if not first:
+                self._accumulate(g, members, state, ctx)
+            if refresh:
+                self._power_iteration(members, state)
+        for i in matrices:
+            out[i] = blockings[i].merge(result[i])
+        return out
+
+    @staticmethod
+    def _accumulate(g: Tensor, members, state, ctx: Context) -> None:
+        for side, outer in (("left", g @ g.mT), ("right", g.mT @ g)):
+            for (i, k), piece in zip(members, pieces(outer, members)):
+                state[f"factor_{side}"][i][k].lerp_(piece, ctx["one_minus_shampoo_beta"])
+
+    def _eigenbases(self, members, state) -> None:
+        for side in ("left", "right"):
+            factors = torch.cat([state[f"factor_{side}"][i][k] for i, k in members])
+            previous = torch.cat([state[f"basis_{side}"][i][k] for i, k in members])
+            bases, failed = eigenbases(factors, torch.promote_types(factors.dtype, torch.float32), previous)
+            self.eigh_failures += failed
+            for (i, k), piece in zip(members, pieces(bases, members)):
+                state[f"basis_{side}"][i][k].copy_(piece)
+
+    @staticmethod
+    def _power_iteration(members, state) -> None:
+        v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
+        for side, axis in (("left", -2), ("right", -1)):
+            f = torch.cat([state[f"factor_{side}"][i][k] for i, k in members])
+            q = torch.cat([state[f"basis_{side}"][i][k] for i, k in members])
+            work = torch.promote_types(f.dtype, torch.float32)
+            f, q = f.to(work), q.to(work)
+            order = ((f @ q) * q).sum(-2).argsort(dim=-1, descending=True)
+            q = q.gather(-1, order[:, None, :].expand_as(q))
+            index = order[:, :, None] if axis == -2 else order[:, None, :]
+            v = v.gather(axis, index.expand_as(v))
+            new, _ = torch.linalg.qr(f @ q)
+            new, _ = keep_previous(new, new.isfinite().all(dim=(-2, -1)), q, "eigenbasis")
+            for (i, k), piece in zip(members, pieces(new, members)):
+                state[f"basis_{side}"][i][k].copy_(piece)
+        for (i, k), piece in zip(members, pieces(v, members)):
+            state["exp_avg_sq"][i][k].copy_(piece)

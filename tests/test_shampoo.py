@@ -1,0 +1,106 @@
+"""Shampoo: each grafting type with the preconditioner off equals its torch.optim optimizer (the
+Distributed Shampoo test pattern); full Shampoo equals a float64 reference written from the papers."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gradwise
+from tests.models import bag_of_tensors
+from tests.references.shampoo import ShampooReference
+from tests.test_parity import assert_trajectories_close, run_bag, run_mlp
+
+OFF = dict(start_preconditioning_step=math.inf)
+GRAFTS = [
+    ("adam-adamw", dict(grafting="adam", betas=(0.9, 0.999), grafting_beta2=0.99, grafting_epsilon=1e-6,
+                        weight_decay=0.1), torch.optim.AdamW, dict(betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1)),
+    ("adam-l2", dict(grafting="adam", betas=(0.8, 0.999), grafting_beta2=0.99, weight_decay=0.1,
+                     use_decoupled_weight_decay=False), torch.optim.Adam, dict(betas=(0.8, 0.99), weight_decay=0.1)),
+    ("adagrad", dict(grafting="adagrad", betas=(0.0, 0.999), grafting_epsilon=1e-10, weight_decay=0.1,
+                     use_decoupled_weight_decay=False), torch.optim.Adagrad, dict(eps=1e-10, weight_decay=0.1)),
+    ("rmsprop", dict(grafting="rmsprop", betas=(0.0, 0.999), grafting_beta2=0.9, weight_decay=0.0),
+     torch.optim.RMSprop, dict(alpha=0.9, eps=1e-8)),
+    ("sgd", dict(grafting="sgd", betas=(0.0, 0.999), weight_decay=0.1, use_decoupled_weight_decay=False),
+     torch.optim.SGD, dict(weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name,ours,reference,theirs", GRAFTS, ids=[g[0] for g in GRAFTS])
+def test_grafting_alone_equals_torch(name, ours, reference, theirs, dtype):
+    params = bag_of_tensors(dtype)
+    a = run_bag(lambda p: gradwise.Shampoo(p, lr=0.01, **OFF, **ours), _clone(params), dtype, 30)
+    b = run_bag(lambda p: reference(p, lr=0.01, **theirs), _clone(params), dtype, 30, reference=True)
+    assert_trajectories_close(a, b, dtype)
+
+
+FULL = [
+    dict(precondition_frequency=10, max_preconditioner_dim=4, weight_decay=0.01),
+    dict(precondition_frequency=7, start_preconditioning_step=12, betas=(0.5, 1.0), epsilon=1e-6,
+         grafting="adagrad", use_decoupled_weight_decay=False, weight_decay=0.01),
+    dict(precondition_frequency=10, max_preconditioner_dim=3, grafting="rmsprop", grafting_beta2=0.9),
+    dict(precondition_frequency=5, grafting="sgd", betas=(0.0, 0.99), epsilon=1e-4),
+]
+# (epsilon 1e-12 on a factor of low rank, the 60 x 60 right factor of the 4-D tensor, leaves eigenvalues
+# near 1e-12 that any two eigensolvers get only to about 1e-16 ||R||, so the last case uses 1e-4)
+
+
+@pytest.mark.parametrize("options", FULL, ids=str)
+def test_full_shampoo_matches_float64_reference(options):
+    """35 steps: three to six inverse-root recomputations, blocks cut unevenly."""
+    params = bag_of_tensors(torch.float64) + [torch.randn(9, 5, dtype=torch.float64).requires_grad_()]
+    ours = run_bag(lambda p: gradwise.Shampoo(p, lr=0.01, **options), _clone(params), torch.float64, 35)
+    theirs = run_bag(lambda p: ShampooReference(p, lr=0.01, **options), _clone(params), torch.float64, 35)
+    assert_trajectories_close(ours, theirs, torch.float64)
+
+
+@pytest.mark.parametrize("batch_elements", [1 << 24, 3 * 64], ids=["one-batch", "chunked"])
+def test_batched_equals_one_block_at_a_time_and_trains(batch_elements, monkeypatch):
+    """Blocks batched (in one stack, or in stacks of 3 blocks of 8 x 8 that cut parameters apart) equal
+    blocks one at a time."""
+    monkeypatch.setattr("gradwise.transforms.blocking.BATCH_ELEMENTS", batch_elements)
+    for dtype in (torch.float32, torch.float64):
+        options = dict(lr=0.01, precondition_frequency=5, max_preconditioner_dim=8)
+        batched = run_mlp(lambda p: gradwise.Shampoo(p, **options), dtype, 30)
+        looped = run_mlp(lambda p: gradwise.Shampoo(p, batch_blocks=False, **options), dtype, 30)
+        tight = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-6)
+        assert_trajectories_close(batched, looped, dtype, **tight)
+
+
+def test_failed_eigendecomposition_keeps_previous_roots():
+    """An overflowing gradient makes one factor infinite: that block keeps its roots, warns and is
+    counted; nothing becomes NaN and the other parameter keeps being preconditioned."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(4, 4, generator=gen).requires_grad_(), torch.randn(4, 4, generator=gen).requires_grad_()]
+    optimizer = gradwise.Shampoo(params, lr=0.01, precondition_frequency=2)
+    for step in range(6):
+        for p in params:
+            p.grad = torch.randn(4, 4, generator=gen)
+        if step == 2:
+            params[0].grad[0, 0] = 1e30  # its square overflows float32: L becomes inf
+        if step in (3, 5):  # steps 4 and 6 recompute the roots
+            with pytest.warns(RuntimeWarning, match="keep their previous inverse root"):
+                optimizer.step()
+        else:
+            optimizer.step()
+    assert optimizer.eigh_failures == 2 * 2  # left and right factor, at steps 4 and 6
+    assert all(p.isfinite().all() for p in params)
+    roots = optimizer.state[params[0]]["shampoo.root_left"]
+    assert roots.isfinite().all() and roots.abs().sum() > 0
+
+
+def test_bad_arguments_name_the_value():
+    p = [torch.zeros(3, 3, requires_grad=True)]
+    for kwargs, text in [(dict(grafting="adamw"), "grafting='adamw'"), (dict(precondition_frequency=0), "precondition_frequency=0"),
+                         (dict(max_preconditioner_dim=2.5), "max_preconditioner_dim=2.5"),
+                         (dict(betas=(0.9, 1.5)), r"betas=\(0.9, 1.5\)"), (dict(epsilon=0.0), "epsilon=0.0"),
+                         (dict(start_preconditioning_step=0), "start_preconditioning_step=0"),
+                         (dict(preconditioner_dtype=torch.float16), "preconditioner_dtype")]:
+        with pytest.raises(ValueError, match=text):
+            gradwise.Shampoo(p, **kwargs)
+
+
+def _clone(params):
+    return [p.detach().clone().requires_grad_() for p in params]
