@@ -34,13 +34,19 @@ def leaderboard_tables(studies: list[dict], suite: str | None, reference: str) -
     return tables
 
 
+def console() -> Console:
+    """A terminal's own width; 160 columns when writing to a file or pipe, so tables stay readable."""
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=160)
+
+
 def print_leaderboards(studies: list[dict], suite: str | None, reference: str) -> None:
-    console = Console()
+    console_ = console()
     tables = leaderboard_tables(studies, suite, reference)
     if not tables:
-        console.print("no finished trials in this store")
+        console_.print("no finished trials in this store")
     for table in tables:
-        console.print(table)
+        console_.print(table)
 
 
 class LiveBoard:
@@ -55,7 +61,7 @@ class LiveBoard:
                                  TimeElapsedColumn())
         self.task = self.progress.add_task("trials", total=total, completed=done)
         self.now = ""
-        self.console = Console()
+        self.console = console()
         self.live: Live | None = None
 
     def _render(self) -> Group:

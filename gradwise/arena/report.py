@@ -25,6 +25,10 @@ def _fmt_time(t: float) -> str:
     return "miss" if not math.isfinite(t) else f"{t:.2f}"
 
 
+def _fmt_steps(s: float) -> str:
+    return "miss" if not math.isfinite(s) else f"{s:.0f}"
+
+
 def plot_profiles(rows: list[dict], path: Path, title: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -79,10 +83,13 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
             x = j + (i - (len(rows) - 1) / 2) * width
             if math.isfinite(t):
                 ax.bar(x, t, width, color=f"C{i}", label=row["submission"] if j == 0 else None)
-            else:
-                ax.bar(x, budgets[wl] if key == "times" else 0, width, color="white", edgecolor=f"C{i}",
-                       hatch="//", label=row["submission"] if j == 0 else None)
-                ax.text(x, 0, "miss", rotation=90, ha="center", va="bottom", fontsize=7)
+            else:  # hatched up to the time budget; for steps, a label on the axis
+                height = budgets[wl] if key == "times" else 0
+                if height:
+                    ax.bar(x, height, width, color="white", edgecolor=f"C{i}", hatch="//",
+                           label=row["submission"] if j == 0 else None)
+                ax.annotate("miss", (x, height), xycoords=("data", "data") if height else ("data", "axes fraction"),
+                            ha="center", va="bottom", fontsize=7, color=f"C{i}")
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_yscale("log")
     ax.set(ylabel=ylabel)
@@ -105,9 +112,10 @@ def plot_memory(group: dict, path: Path) -> None:
             if not records:
                 continue
             x = j + (i - (len(subs) - 1) / 2) * width
-            ax1.bar(x, max(r["peak_rss_mb"] for r in records), width, color=f"C{i}", label=sub if j == 0 else None)
+            ax1.bar(x, max(r["peak_rss_mb"] - r.get("rss_start_mb", 0) for r in records), width, color=f"C{i}", label=sub if j == 0 else None)
             ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=sub if j == 0 else None)
-    for ax, label in ((ax1, "peak resident memory (MiB)"), (ax2, "optimizer state (KiB)")):
+    ax2.set_yscale("log")
+    for ax, label in ((ax1, "peak memory growth in the trial (MiB)"), (ax2, "optimizer state (KiB)")):
         ax.set_xticks(range(len(workloads)), workloads, fontsize=8)
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
@@ -122,8 +130,8 @@ def table(rows: list[dict], workloads: list[str]) -> list[list[str]]:
     body = [head]
     for rank, row in enumerate(rows, 1):
         speed = f"{row['speedup']:.3f}" if "speedup" in row else "-"
-        cells = [f"{_fmt_time(row['times'].get(w, math.inf))} / {_fmt_time(row['steps'].get(w, math.inf))}"
-                 .replace(".00", "") for w in workloads]
+        cells = [f"{_fmt_time(row['times'].get(w, math.inf))} / {_fmt_steps(row['steps'].get(w, math.inf))}"
+                 for w in workloads]
         body.append([str(rank), row["submission"], f"{row['score']:.3f}", speed] + cells)
     return body
 

@@ -4,7 +4,8 @@ The clock (AlgoPerf's ``accumulated_submission_time``) counts training only: dra
 backward, the optimizer step and the LR schedule. Evaluation runs untimed every ``eval_every`` steps (and at
 the end); the trial stops at the first evaluation that reaches the target, or when the training time or the
 step budget is spent, or when the loss is not finite. The record holds wall and CPU training time, steps to
-target, peak resident memory, optimizer state bytes, the curve, the seed, and the machine (torch version,
+target, peak resident memory (and its growth over the trial's start, after the data are loaded), optimizer
+state bytes, the curve, the seed, and the machine (torch version,
 CPU model, threads, load average).
 """
 from __future__ import annotations
@@ -53,10 +54,11 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _peak_rss_mb() -> float:
+def _rss_mb(field: str = "VmHWM") -> float:
+    """The peak (VmHWM) or current (VmRSS) resident set size in MiB."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -86,6 +88,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
                               "metric": workload.metric, "max_steps": max_steps, "max_runtime": max_runtime,
                               "machine": machine(threads)}
     _reset_peak_rss()
+    rss_start = _rss_mb("VmRSS")
     curve: list[dict[str, float]] = []
     train_time = cpu_time = 0.0
     step, hit, diverged, train_loss = 0, False, False, math.nan
@@ -121,7 +124,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
         "reached": hit, "diverged": diverged, "steps": step, "train_time": train_time, "cpu_time": cpu_time,
         "time_to_target": train_time if hit else None, "steps_to_target": step if hit else None,
         "best_metric": best, "final_metric": values[-1] if values else None,
-        "peak_rss_mb": _peak_rss_mb(), "state_bytes": _state_bytes(opt),
+        "peak_rss_mb": _rss_mb(), "rss_start_mb": rss_start, "state_bytes": _state_bytes(opt),
         "params": sum(p.numel() for p in model.parameters()), "curve": curve,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     })

@@ -18,6 +18,7 @@ import platform
 import sqlite3
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from optuna.trial import TrialState
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 PREPARED = "gradwise:prepared"
+UNOWNED_GRACE_S = 60.0
 
 
 def storage_url(storage: str) -> str:
@@ -67,10 +69,14 @@ class Store:
         if self.url.startswith("sqlite:///"):
             _check_sqlite_file(Path(self.url.removeprefix("sqlite:///")))
             kwargs = {"connect_args": {"timeout": 120}}
-        try:
-            self.storage = optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-        except Exception as error:  # noqa: BLE001 - SQLAlchemy and Optuna raise many kinds; say which store
-            raise ValueError(f"cannot open store {self.url!r}: {type(error).__name__}: {error}") from error
+        for attempt in range(3):  # workers starting together on an empty database race to create the tables
+            try:
+                self.storage = optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+                break
+            except Exception as error:  # noqa: BLE001 - SQLAlchemy and Optuna raise many kinds; say which store
+                if attempt == 2:
+                    raise ValueError(f"cannot open store {self.url!r}: {type(error).__name__}: {error}") from error
+                time.sleep(1.0)
 
     # -- studies --------------------------------------------------------------------------------------
     def prepare(self, name: str, spec: dict[str, Any], points: list[dict[str, Any]], seeds: list[int],
@@ -117,7 +123,11 @@ class Store:
         recovered = 0
         for t in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
-            if host == platform.node() and pid.isdigit() and not _alive(int(pid)):
+            dead = host == platform.node() and pid.isdigit() and not _alive(int(pid))
+            # a claim writes its owner right after; none a minute later means the claimer died in between
+            unowned = "worker" not in t.user_attrs and t.datetime_start is not None and \
+                (datetime.now() - t.datetime_start).total_seconds() > UNOWNED_GRACE_S
+            if dead or unowned:
                 self.storage.set_trial_state_values(t._trial_id, TrialState.WAITING)
                 recovered += 1
         return recovered
