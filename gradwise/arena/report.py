@@ -94,7 +94,8 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
     ax.set_yscale("log")
     ax.set(ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

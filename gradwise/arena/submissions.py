@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +113,15 @@ def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[s
         raise ValueError(f"invalid search space file {str(path)!r}: no such file")
     text = path.read_text()
     try:
-        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as error:
+        if path.suffix == ".toml":
+            import tomllib  # Python 3.11+
+
+            raw = tomllib.loads(text)
+        else:
+            raw = json.loads(text)
+    except ImportError as error:
+        raise ValueError(f"cannot read {str(path)!r}: TOML needs Python 3.11+; use JSON") from error
+    except ValueError as error:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
         raise ValueError(f"invalid search space file {str(path)!r}: {error}") from error
     if "space" in raw:
         optimizer = raw.get("optimizer", optimizer)
