@@ -29,14 +29,15 @@ class MNIST1DCNN(Workload):
     batch_size = 128
     eval_every = 100
     loss_type = "softmax_cross_entropy"
+    samples = SAMPLES
 
     def make_data(self) -> Data:
-        path = cache_dir() / f"mnist1d_{SAMPLES}_seed42.npz"
+        path = cache_dir() / f"mnist1d_{self.samples}_seed42.npz"
         if not path.exists():
             from mnist1d.data import get_dataset_args, make_dataset
 
             args = get_dataset_args()
-            args.num_samples, args.seed = SAMPLES, 42
+            args.num_samples, args.seed = self.samples, 42
             d = make_dataset(args)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
