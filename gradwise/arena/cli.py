@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _common(parser: argparse.ArgumentParser, suite: bool = True) -> None:
     parser.add_argument("--storage", default=DEFAULT_STORAGE,
-                        help=f"SQLite file or SQLAlchemy URL, e.g. postgresql://user@host/db (default {DEFAULT_STORAGE})")
+                        help="SQLite file or SQLAlchemy URL, e.g. postgresql://user@host/db"
+                             f" (default {DEFAULT_STORAGE})")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default {DEFAULT_OUT})")
     parser.add_argument("--reference", default="torch.AdamW", help="the submission speedups are measured against")
     if suite:
@@ -104,6 +106,10 @@ def cmd_run(args) -> int:
     from gradwise.arena.store import Store
 
     suite, plans = _plans(args)
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cpus:
+        print(f"warning: load average {load:.1f} on {cpus} CPUs: times will be contended (the report flags them)",
+              file=sys.stderr)
     Path(args.storage).parent.mkdir(parents=True, exist_ok=True) if "://" not in args.storage else None
     store = Store(args.storage)
     for p in plans:  # prepare in this process so extra workers find every study ready

@@ -96,5 +96,8 @@ class LiveBoard:
             self.live.update(Group(self.progress, f"{self.now.split(':')[0]}: {metrics}"))
 
     def print_final(self) -> None:
+        """The leaderboard once more, unless the live display already left it on screen."""
+        if self.live is not None:
+            return
         for table in leaderboard_tables(self.store.studies(), self.suite, self.reference):
             self.console.print(table)

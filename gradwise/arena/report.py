@@ -113,8 +113,9 @@ def plot_memory(group: dict, path: Path) -> None:
             if not records:
                 continue
             x = j + (i - (len(subs) - 1) / 2) * width
-            ax1.bar(x, max(r["peak_rss_mb"] - r.get("rss_start_mb", 0) for r in records), width, color=f"C{i}", label=sub if j == 0 else None)
-            ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=sub if j == 0 else None)
+            label = sub if j == 0 else None
+            ax1.bar(x, max(r["peak_rss_mb"] - r["rss_start_mb"] for r in records), width, color=f"C{i}", label=label)
+            ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=label)
     ax2.set_yscale("log")
     for ax, label in ((ax1, "peak memory growth in the trial (MiB)"), (ax2, "optimizer state (KiB)")):
         ax.set_xticks(range(len(workloads)), workloads, fontsize=8)
@@ -137,6 +138,11 @@ def table(rows: list[dict], workloads: list[str]) -> list[list[str]]:
     return body
 
 
+def _loaded(record: dict) -> bool:
+    machine = record["machine"]
+    return max(machine["loadavg"][0], record["loadavg_end"][0]) > (machine["cpus"] or 1)
+
+
 def _machine(studies: list[dict]) -> dict[str, Any]:
     for study in studies:
         for r in study["records"]:
@@ -157,6 +163,11 @@ def write_report(studies: list[dict], out: Path, suite: str | None = None, refer
           " not reached within the budget. Score: AlgoPerf benchmark score (area under the performance profile"
           f" on [1, 4], times > 4x the best count as misses). Speedup: geometric mean of {reference}'s time over"
           " the submission's (a miss counts as budget + 1 s).", ""]
+    loaded = [r for s in studies for r in s["records"] if _loaded(r)]
+    if loaded:
+        md[3:3] = [f"**Contended timings**: {len(loaded)} of {sum(len(s['records']) for s in studies)} trials ran"
+                   " with a 1-minute load average above the number of CPUs; compare steps to target, which the"
+                   " load does not change, and rerun on an idle machine for times.", ""]
     body_html = []
     for ruleset, group in sorted(groups.items()):
         rows = leaderboard(group, reference)
@@ -191,7 +202,7 @@ def write_report(studies: list[dict], out: Path, suite: str | None = None, refer
                        for n, c in figures.items() if (out / n).exists())
         body_html.append(f"<h2>{ruleset}-tuning ruleset</h2><table>{cells}</table>{imgs}")
     (out / "report.md").write_text("\n".join(md))
-    intro = "".join(f"<p>{html.escape(line)}</p>" for line in md[2:4])
+    intro = "".join(f"<p>{html.escape(line)}</p>" for line in md[2:6] if line and not line.startswith("#"))
     (out / "report.html").write_text(
         "<!doctype html><meta charset='utf-8'><title>gradwise arena</title><style>body{font-family:sans-serif;"
         "max-width:1200px;margin:auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}"
