@@ -163,3 +163,22 @@ def test_list_names_everything(capsys):
     out = capsys.readouterr().out
     for name in [*WORKLOADS, "torch.AdamW", "NAdamW", "self-tuning Lion"]:
         assert name in out
+
+
+def test_set_targets_procedure(tmp_path):
+    from statistics import median
+
+    from gradwise.arena.set_targets import TARGET_SETTERS, set_target, write_targets
+    from gradwise.arena.targets import committed_target, load_targets
+
+    store = Store(str(tmp_path / "t.db"))
+    entry = set_target(store, "digits_cnn", trials=1, seeds=3, budget_scale=0.05)
+    assert entry["algorithm"] in TARGET_SETTERS and set(entry["tuning_best"]) == set(TARGET_SETTERS)
+    assert entry["tuning_best"][entry["algorithm"]] == max(entry["tuning_best"].values())
+    assert len(entry["per_seed_best"]) == 3 and entry["target"] == median(entry["per_seed_best"])
+    assert entry["step_budget"] == 30 and entry["machine"]["threads"] == 1 and entry["date"]
+    path = tmp_path / "targets.json"
+    write_targets({"digits_cnn": entry}, path)
+    assert committed_target("digits_cnn", path) == entry["target"] and set(load_targets(path)) == {"digits_cnn"}
+    with pytest.raises(ValueError, match="'lstsq_ill_conditioned' has an analytic target"):
+        set_target(store, "lstsq_ill_conditioned", trials=1, seeds=1)

@@ -45,9 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     report = commands.add_parser("report", help="write the Markdown and HTML report with figures")
     _common(report)
     targets = commands.add_parser("set-targets", help="set workload targets the AlgoPerf way (targets.json)")
-    targets.add_argument("--workloads", default="digits_cnn,lstsq_ill_conditioned,teacher_student")
+    targets.add_argument("--workloads", default="digits_cnn,teacher_student")
     targets.add_argument("--trials", type=_positive(int), default=4, help="Halton trials per algorithm")
     targets.add_argument("--seeds", type=_positive(int), default=3, help="seeds for the best configuration")
+    targets.add_argument("--budget-scale", type=_positive(float), default=1.0, help="for smoke runs only")
     targets.add_argument("--storage", default="arena-results/targets.db")
     targets.add_argument("--threads", type=_positive(int), default=1)
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
@@ -162,6 +163,7 @@ def cmd_set_targets(args) -> int:
     results = {}
     for w in workloads:
         results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
+                                budget_scale=args.budget_scale,
                                 on_trial=lambda p, c, r: r and print(
                                     f"  {p.name} #{c.index}: best {r['metric']} {r['best_metric']:.4g}"))
         print(f"{w}: target {results[w]['metric']} {results[w]['target']:.4g} ({results[w]['algorithm']},"

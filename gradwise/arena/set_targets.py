@@ -42,14 +42,17 @@ def _best(values: list[float], higher: bool) -> float:
 
 
 def set_target(store: Store, workload: str, *, trials: int, seeds: int, threads: int = 1,
-               on_trial: Callable | None = None) -> dict[str, Any]:
+               budget_scale: float = 1.0, on_trial: Callable | None = None) -> dict[str, Any]:
     """Run the procedure for one workload (resumable through ``store``) and return its targets.json entry."""
     w = get_workload(workload)
+    if w.analytic_target:
+        raise ValueError(f"workload {workload!r} has an analytic target ({w.metric} <= {w.target:g}); set-targets"
+                         " applies to workloads whose target comes from tuning")
     no_target = math.inf if w.higher_is_better else -math.inf
     candidates = []
     for label, (optimizer, space) in TARGET_SETTERS.items():
         plans = plan(Entry(f"target:{label}", optimizer, space=space), workload, studies=1, trials=trials,
-                     suite="targets", target=no_target)
+                     suite="targets", target=no_target, budget_scale=budget_scale)
         work(store, plans, threads=threads, on_trial=on_trial)
         for study in store.studies():
             if study["name"] == plans[0].name:
@@ -59,7 +62,8 @@ def set_target(store: Store, workload: str, *, trials: int, seeds: int, threads:
     label, optimizer, best = (max if w.higher_is_better else min)(
         candidates, key=lambda c: c[2]["best_metric"])
     entry = Entry(f"target:{label}:best", optimizer, hyperparameters=best["hyperparameters"])
-    plans = plan(entry, workload, studies=seeds, suite="targets", target=no_target, self_tuning_budget=False)
+    plans = plan(entry, workload, studies=seeds, suite="targets", target=no_target, self_tuning_budget=False,
+                 budget_scale=budget_scale)
     work(store, plans, threads=threads, on_trial=on_trial)
     names = {p.name for p in plans}
     per_seed = [r["best_metric"] for s in store.studies() if s["name"] in names for r in s["records"]]

@@ -38,6 +38,7 @@ class Workload:
         eval_every: steps between (untimed) evaluations.
         loss_type: AlgoPerf's loss type, for the record.
         floor: the best value a loss-like metric can take; a target at or below it is refused.
+        analytic_target: the target follows from the problem itself, so ``set-targets`` leaves it alone.
     """
 
     name: str = ""
@@ -52,6 +53,7 @@ class Workload:
     loss_type: str = "softmax_cross_entropy"
     eval_batch_size: int = 4096
     floor: float = 0.0  # the best value a loss-like metric can take (e.g. the label-noise variance)
+    analytic_target: bool = False  # the target follows from the problem (e.g. a known optimum), not from tuning
 
     def __init__(self) -> None:
         self._data: Data | None = None

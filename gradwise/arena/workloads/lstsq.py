@@ -26,6 +26,7 @@ class LstsqIllConditioned(Workload):
     batch_size = 64
     eval_every = 100
     loss_type = "mean_squared_error"
+    analytic_target = True  # tuned optimizers reach float32 round-off here; the target is relative to L(0)
 
     def make_data(self) -> Data:
         g = torch.Generator().manual_seed(2)
