@@ -63,6 +63,20 @@ def test_external_tuning_search_space_toml(tmp_path):
     assert [r["hyperparameters"]["momentum"] for r in study["records"]] == [0.9, 0.9]
 
 
+def test_fixed_hyperparameters_entry(tmp_path, capsys):
+    db = tmp_path / "a.db"
+    argv = ["arena", "run", "--workloads", "lstsq_ill_conditioned", "--optimizers", "torch.SGD", "--studies", "1",
+            "--hyperparameters", '{"lr": 0.2, "momentum": 0.9}', "--budget-scale", "0.05", "--storage", str(db),
+            "--out", str(tmp_path / "r"), "--no-live"]
+    assert cli.main(argv) == 0
+    (study,) = Store(str(db)).studies()
+    assert study["spec"]["submission"] == 'torch.SGD{"lr"=0.2,"momentum"=0.9}'
+    assert study["records"][0]["hyperparameters"] == {"lr": 0.2, "momentum": 0.9}
+    argv[argv.index("--hyperparameters") + 1] = '{"lr": 0.2, "gamma": 1}'
+    assert cli.main(argv) == 2
+    assert "unknown hyperparameter(s) ['gamma'] for optimizer 'torch.SGD'" in capsys.readouterr().err
+
+
 def test_warmup_cosine_schedule():
     import torch
 

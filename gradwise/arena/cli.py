@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import os
@@ -30,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--suite", choices=["quick", "full"], default="quick")
     run.add_argument("--workloads", help="comma-separated workloads (default: the suite's)")
     run.add_argument("--optimizers", help="comma-separated optimizers, self-tuning defaults (default: the suite's)")
+    run.add_argument("--hyperparameters", help="JSON object: a fixed point for every --optimizers entry, in place"
+                     " of its self-tuning defaults (the same point on every workload)")
     run.add_argument("--search-space", help="JSON or TOML search space: external tuning instead of self-tuning")
     run.add_argument("--optimizer", help="the optimizer a --search-space file is for, if the file names none")
     run.add_argument("--trials", type=_positive(int), default=5, help="Halton trials per study (external)")
@@ -79,12 +82,22 @@ def _plans(args):
     workloads = _names(args.workloads, suite["workloads"])
     for w in workloads:
         get_workload(w)  # unknown names fail before anything runs
-    custom = bool(args.workloads or args.optimizers or args.search_space)
+    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters)
     name = "custom" if custom else args.suite
     if args.search_space:
         optimizer, space = load_search_space(args.search_space, args.optimizer)
         entries = [Entry(f"{optimizer}:{Path(args.search_space).stem}", optimizer, space=space)]
         studies = args.studies or 3
+    elif args.hyperparameters:
+        try:
+            point = json.loads(args.hyperparameters)
+        except ValueError as error:
+            raise ValueError(f"invalid --hyperparameters={args.hyperparameters!r}: {error}") from error
+        if not isinstance(point, dict):
+            raise ValueError(f"invalid --hyperparameters={args.hyperparameters!r}: expected a JSON object")
+        entries = [Entry(f"{o}{json.dumps(point, separators=(',', '='))}", o, hyperparameters=point)
+                   for o in _names(args.optimizers, suite["optimizers"])]
+        studies = args.studies or suite["studies"]
     else:
         entries = [self_tuning_entry(o) for o in _names(args.optimizers, suite["optimizers"])]
         studies = args.studies or suite["studies"]
