@@ -63,9 +63,13 @@ class LiveBoard:
         self.now = ""
         self.console = console()
         self.live: Live | None = None
+        self.tables: list[Table] = []
 
-    def _render(self) -> Group:
-        return Group(self.progress, self.now, *leaderboard_tables(self.store.studies(), self.suite, self.reference))
+    def _render(self, refresh: bool = True) -> Group:
+        """Progress, the current trial, and the leaderboard (read from the store again after each trial)."""
+        if refresh:
+            self.tables = leaderboard_tables(self.store.studies(), self.suite, self.reference)
+        return Group(self.progress, self.now, *self.tables)
 
     def __enter__(self) -> "LiveBoard":
         if self.live_enabled:
@@ -93,7 +97,8 @@ class LiveBoard:
     def on_eval(self, point: dict) -> None:
         if self.live is not None:
             metrics = ", ".join(f"{k} {v:.4g}" for k, v in point.items() if k not in ("cpu_time",))
-            self.live.update(Group(self.progress, f"{self.now.split(':')[0]}: {metrics}"))
+            self.now = f"{self.now.split(':')[0]}: {metrics}"
+            self.live.update(self._render(refresh=False))
 
     def print_final(self) -> None:
         """The leaderboard once more, unless the live display already left it on screen."""
