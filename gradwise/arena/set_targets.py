@@ -12,7 +12,6 @@ from statistics import median
 from typing import Any, Callable
 
 from gradwise.arena.rulesets import Entry, plan, work
-from gradwise.arena.runner import machine
 from gradwise.arena.store import Store
 from gradwise.arena.targets import TARGETS_FILE, load_targets
 from gradwise.arena.workloads import get_workload
@@ -73,7 +72,15 @@ def set_target(store: Store, workload: str, *, trials: int, seeds: int, threads:
                                        w.higher_is_better) for lab in TARGET_SETTERS
                             if any(lb == lab for lb, _, _ in candidates)},
             "trials_per_algorithm": trials, "seeds": seeds, "step_budget": plans[0].spec["max_steps"],
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(threads)}
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "machine": {**best["machine"], "loadavg_range": _load_range(store, workload)}}
+
+
+def _load_range(store: Store, workload: str) -> list[float]:
+    """The lowest and highest 1-minute load average seen at the start of this workload's target trials."""
+    loads = [r["machine"]["loadavg"][0] for s in store.studies() if s["spec"]["suite"] == "targets"
+             and s["spec"]["workload"] == workload for r in s["records"]]
+    return [min(loads), max(loads)]
 
 
 def write_targets(entries: dict[str, dict], path: Path = TARGETS_FILE) -> None:
