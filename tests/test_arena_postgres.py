@@ -32,7 +32,9 @@ def _server_reachable() -> str | None:
     try:
         import sqlalchemy
 
-        engine = sqlalchemy.create_engine(URL, connect_args={"connect_timeout": 3})
+        from gradwise.arena.store import storage_url
+
+        engine = sqlalchemy.create_engine(storage_url(URL), connect_args={"connect_timeout": 3})
         with engine.connect() as connection:
             connection.execute(sqlalchemy.text("select 1"))
         engine.dispose()

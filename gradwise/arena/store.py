@@ -33,7 +33,10 @@ UNOWNED_GRACE_S = 60.0
 
 
 def storage_url(storage: str) -> str:
-    """A SQLAlchemy URL: a URL is kept as it is, anything else is a SQLite file path."""
+    """A SQLAlchemy URL: a URL is kept as it is (``postgresql://`` names the psycopg 3 driver, which the
+    ``postgres`` extra installs), anything else is a SQLite file path."""
+    if storage.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + storage.split("://", 1)[1]
     if "://" in storage:
         return storage
     return f"sqlite:///{Path(storage).resolve()}"
