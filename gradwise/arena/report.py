@@ -102,6 +102,8 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
 
 
 def plot_memory(group: dict, path: Path) -> None:
+    """Optimizer state, exact: bytes per parameter and in total. (Each record also holds the process's peak
+    resident memory, but trials share one process and its allocator, so that figure is not per trial.)"""
     plt = _plt()
     subs = sorted({s for s, _ in group["records"]})
     workloads = sorted({w for _, w in group["records"]})
@@ -114,10 +116,10 @@ def plot_memory(group: dict, path: Path) -> None:
                 continue
             x = j + (i - (len(subs) - 1) / 2) * width
             label = sub if j == 0 else None
-            ax1.bar(x, max(r["peak_rss_mb"] - r["rss_start_mb"] for r in records), width, color=f"C{i}", label=label)
+            ax1.bar(x, records[0]["state_bytes"] / records[0]["params"], width, color=f"C{i}", label=label)
             ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=label)
     ax2.set_yscale("log")
-    for ax, label in ((ax1, "peak memory growth in the trial (MiB)"), (ax2, "optimizer state (KiB)")):
+    for ax, label in ((ax1, "optimizer state bytes per parameter"), (ax2, "optimizer state (KiB)")):
         ax.set_xticks(range(len(workloads)), workloads, fontsize=8)
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
@@ -179,7 +181,7 @@ def write_report(studies: list[dict], out: Path, suite: str | None = None, refer
                 targets[spec["workload"]] = (spec["target"], spec["metric"])
         figures = {f"{ruleset}_profiles.png": "performance profiles", f"{ruleset}_curves.png": "validation curves",
                    f"{ruleset}_time_to_target.png": "time to target", f"{ruleset}_steps_to_target.png":
-                   "steps to target", f"{ruleset}_memory.png": "memory"}
+                   "steps to target", f"{ruleset}_memory.png": "optimizer state memory"}
         if rows:
             plot_profiles(rows, out / f"{ruleset}_profiles.png", f"performance profiles ({ruleset}-tuning)")
             plot_bars(rows, group["budgets"], out / f"{ruleset}_time_to_target.png")
