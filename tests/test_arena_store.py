@@ -76,7 +76,8 @@ def test_killed_run_resumes_to_the_same_results(tmp_path):
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate()
     states = _states(store)
-    assert 2 <= states.count("COMPLETE") < 6 and states.count("RUNNING") == 1, states
+    # almost always one trial was cut off mid-run (left RUNNING); at worst the kill fell between two trials
+    assert 2 <= states.count("COMPLETE") < 6 and states.count("RUNNING") <= 1, states
 
     resumed = _run_cli(tmp_path / "killed.db", tmp_path / "killed")
     output, _ = resumed.communicate(timeout=300)

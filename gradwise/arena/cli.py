@@ -106,6 +106,17 @@ def _plans(args):
                                 suite=name)]
 
 
+def _open(storage: str, create: bool = True):
+    """The store; a SQLite file's folder is created first, or, to read, the file must exist."""
+    from gradwise.arena.store import Store
+
+    if "://" not in storage:
+        if not create and not Path(storage).exists():
+            raise ValueError(f"no store at {storage!r}: run 'gradwise arena run' first or pass --storage")
+        Path(storage).parent.mkdir(parents=True, exist_ok=True)
+    return Store(storage)
+
+
 def _worker(storage: str, plans, threads: int) -> None:
     from gradwise.arena.rulesets import work
     from gradwise.arena.store import Store
@@ -117,15 +128,13 @@ def cmd_run(args) -> int:
     from gradwise.arena.live import LiveBoard
     from gradwise.arena.report import write_report
     from gradwise.arena.rulesets import work
-    from gradwise.arena.store import Store
 
     suite, plans = _plans(args)
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if load > cpus:
         print(f"warning: load average {load:.1f} on {cpus} CPUs: times will be contended (the report flags them)",
               file=sys.stderr)
-    Path(args.storage).parent.mkdir(parents=True, exist_ok=True) if "://" not in args.storage else None
-    store = Store(args.storage)
+    store = _open(args.storage)
     for p in plans:  # prepare in this process so extra workers find every study ready
         store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
     context = multiprocessing.get_context("spawn")
@@ -148,31 +157,27 @@ def cmd_run(args) -> int:
 
 def cmd_score(args) -> int:
     from gradwise.arena.live import print_leaderboards
-    from gradwise.arena.store import Store
 
-    print_leaderboards(Store(args.storage).studies(), args.suite, args.reference)
+    print_leaderboards(_open(args.storage, create=False).studies(), args.suite, args.reference)
     return 0
 
 
 def cmd_report(args) -> int:
     from gradwise.arena.report import write_report
-    from gradwise.arena.store import Store
 
-    path = write_report(Store(args.storage).studies(), Path(args.out), args.suite, args.reference)
+    path = write_report(_open(args.storage, create=False).studies(), Path(args.out), args.suite, args.reference)
     print(f"report: {path} and {path.with_suffix('.html')}")
     return 0
 
 
 def cmd_set_targets(args) -> int:
     from gradwise.arena.set_targets import set_target, write_targets
-    from gradwise.arena.store import Store
     from gradwise.arena.workloads import get_workload
 
     workloads = _names(args.workloads, [])
     for w in workloads:
         get_workload(w)
-    Path(args.storage).parent.mkdir(parents=True, exist_ok=True) if "://" not in args.storage else None
-    store = Store(args.storage)
+    store = _open(args.storage)
     results = {}
     for w in workloads:
         results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
