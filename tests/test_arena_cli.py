@@ -63,6 +63,23 @@ def test_external_tuning_search_space_toml(tmp_path):
     assert [r["hyperparameters"]["momentum"] for r in study["records"]] == [0.9, 0.9]
 
 
+def test_list_form_search_space(tmp_path):
+    space = tmp_path / "points.json"
+    space.write_text(json.dumps({"optimizer": "torch.SGD", "space": [{"lr": 0.1, "momentum": 0.9}, {"lr": 0.3},
+                                                                      {"lr": 9.0}]}))
+    db = tmp_path / "a.db"
+    assert cli.main(["arena", "run", "--workloads", "lstsq_ill_conditioned", "--search-space", str(space),
+                     "--trials", "2", "--studies", "2", "--budget-scale", "0.02", "--storage", str(db),
+                     "--out", str(tmp_path / "r"), "--no-live"]) == 0
+    studies = Store(str(db)).studies()
+    assert len(studies) == 2
+    for study in studies:
+        assert [r["hyperparameters"] for r in study["records"]] == [{"lr": 0.1, "momentum": 0.9}, {"lr": 0.3}]
+    space.write_text(json.dumps({"optimizer": "torch.SGD", "space": [{"lr": 0.1, "betaz": 1}]}))
+    with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['betaz'\] for optimizer 'torch.SGD'"):
+        load_search_space(space)
+
+
 def test_fixed_hyperparameters_entry(tmp_path, capsys):
     db = tmp_path / "a.db"
     argv = ["arena", "run", "--workloads", "lstsq_ill_conditioned", "--optimizers", "torch.SGD", "--studies", "1",

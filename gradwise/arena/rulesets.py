@@ -4,7 +4,8 @@
   workload, with 1.5x the workload's step and time budget; one trial per study, ``studies`` studies (seeds).
 - **external tuning**: ``trials`` points per study drawn by quasi-random Halton search through Optuna's
   ``QMCSampler`` (scrambled, seeded by the study index, so each study draws its own points), ``studies``
-  studies; the workload's time is the median over studies of the fastest trial.
+  studies; the workload's time is the median over studies of the fastest trial. A list-form space gives its
+  first ``trials`` points to every study instead.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Entry:
     name: str
     optimizer: str
     hyperparameters: dict[str, Any] | None = None
-    space: dict[str, dict] | None = None
+    space: dict[str, dict] | list[dict[str, Any]] | None = None
 
     @property
     def ruleset(self) -> str:
@@ -92,7 +93,10 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
     for j in range(studies):
         if entry.space is not None:
             check_search_space(entry.optimizer, entry.space)
-            points, dists = halton_points(entry.space, trials, seed=j), distributions(entry.space)
+            if isinstance(entry.space, list):  # AlgoPerf's list form: the first `trials` points
+                points, dists = [dict(p) for p in entry.space[:trials]], {}
+            else:
+                points, dists = halton_points(entry.space, trials, seed=j), distributions(entry.space)
         else:
             check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
             points, dists = [dict(entry.hyperparameters or {})], {}

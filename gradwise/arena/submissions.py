@@ -6,7 +6,8 @@ Hyperparameters are the optimizer's own keywords plus a few the arena maps:
 fraction of the step budget spent in linear warmup, then cosine decay to 0; default 0.05) and
 ``schedule`` (``"warmup_cosine"`` or ``"constant"``) set the learning-rate schedule.
 A search space (JSON or TOML) uses AlgoPerf's dict form: each hyperparameter maps to
-``{"min": a, "max": b, "scaling": "linear" | "log"}`` or ``{"feasible_points": [...]}``.
+``{"min": a, "max": b, "scaling": "linear" | "log"}`` or ``{"feasible_points": [...]}``; or its list form:
+a list of fixed points, of which each study takes the first ``trials``.
 """
 from __future__ import annotations
 
@@ -131,7 +132,18 @@ def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[s
     return optimizer, check_search_space(optimizer, raw)
 
 
-def check_search_space(optimizer: str, space: dict[str, Any]) -> dict[str, dict]:
+def check_search_space(optimizer: str, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
+    """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order)."""
+    if isinstance(space, list):
+        if not space or not all(isinstance(point, dict) for point in space):
+            raise ValueError(f"invalid search space {space!r}: a list-form space is a non-empty list of points")
+        for point in space:
+            unknown = sorted(set(point) - set(allowed_hyperparameters(optimizer)))
+            if unknown:
+                raise ValueError(f"search space has unknown hyperparameter(s) {unknown} for optimizer"
+                                 f" {optimizer!r}; allowed: {allowed_hyperparameters(optimizer)}")
+            check_hyperparameters(optimizer, point)
+        return space
     if not isinstance(space, dict) or not space:
         raise ValueError(f"invalid search space {space!r}: expected a non-empty mapping of hyperparameters")
     allowed = allowed_hyperparameters(optimizer)
