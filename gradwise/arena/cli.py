@@ -151,7 +151,7 @@ def cmd_run(args) -> int:
         return 1
     path = write_report(store.studies(), Path(args.out), suite, args.reference)
     board.print_final()
-    print(f"report: {path} and {path.with_suffix('.html')}")
+    print(f"\nreport: {path} and {path.with_suffix('.html')}")
     return 0
 
 

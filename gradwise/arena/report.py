@@ -130,12 +130,12 @@ def plot_memory(group: dict, path: Path) -> None:
 
 
 def table(rows: list[dict], workloads: list[str]) -> list[list[str]]:
-    head = ["rank", "submission", "score", "speedup vs ref"] + [f"{w} (s / steps)" for w in workloads]
+    head = ["rank", "submission", "score", "speedup vs ref"] + [f"{w} (s / CPU s / steps)" for w in workloads]
     body = [head]
     for rank, row in enumerate(rows, 1):
         speed = f"{row['speedup']:.3f}" if "speedup" in row else "-"
-        cells = [f"{_fmt_time(row['times'].get(w, math.inf))} / {_fmt_steps(row['steps'].get(w, math.inf))}"
-                 for w in workloads]
+        cells = [f"{_fmt_time(row['times'].get(w, math.inf))} / {_fmt_time(row['cpu'].get(w, math.inf))} /"
+                 f" {_fmt_steps(row['steps'].get(w, math.inf))}" for w in workloads]
         body.append([str(rank), row["submission"], f"{row['score']:.3f}", speed] + cells)
     return body
 
@@ -161,7 +161,8 @@ def write_report(studies: list[dict], out: Path, suite: str | None = None, refer
     md = [f"# gradwise arena report{f' ({suite} suite)' if suite else ''}", "",
           f"Written {stamp}. Machine: {machine.get('cpu_model', '?')}, {machine.get('threads', '?')} thread(s) per"
           f" trial, torch {machine.get('torch', '?')}, load average at the first trial {machine.get('loadavg')}.",
-          "Times are training seconds to the validation target (evaluation untimed); 'miss' means the target was"
+          "Times are training seconds (wall clock; then the CPU seconds of the same trials) to the validation"
+          " target (evaluation untimed); 'miss' means the target was"
           " not reached within the budget. Score: AlgoPerf benchmark score (area under the performance profile"
           f" on [1, 4], times > 4x the best count as misses). Speedup: geometric mean of {reference}'s time over"
           " the submission's (a miss counts as budget + 1 s).", ""]
