@@ -62,6 +62,8 @@ def plot_curves(group: dict, targets: dict[str, tuple[float, str]], path: Path) 
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label="target")
         if metric != "accuracy":
             ax.set_yscale("log")
+        elif math.isfinite(target):  # zoom on the approach to the target; early evaluations fall below
+            ax.set_ylim(max(0.0, target - 0.15), min(1.0, target + 0.03) + 0.005)
         ax.set(title=wl, xlabel="training time (s)", ylabel=f"validation {metric}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
