@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench bench-full clean
+.PHONY: test bench bench-full arena clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,arena]"
 	# references whose own requirements are loose or heavy: their real needs (numpy, matplotlib) are in .[test]
 	$(BIN)/pip install -q --no-deps ranger21==0.1.0 pytorch-optimizer==4.1.0
 	touch $(STAMP)
@@ -23,6 +23,10 @@ bench: $(STAMP)
 
 bench-full: $(STAMP)
 	$(BIN)/gradwise bench step --size 124m
+
+# The arena's quick suite (3 workloads x 4 optimizers, self-tuning, 3 studies): leaderboard and report path.
+arena: $(STAMP)
+	$(BIN)/gradwise arena run --suite quick --storage arena-results/quick.db --out arena-results/report
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -2,6 +2,7 @@
 
     gradwise list                      the recipes: chain, state buffers, the benchmark's hyperparameters
     gradwise bench step [--size ...]   optimizer step benchmark (see ``gradwise bench step --help``)
+    gradwise arena run|score|report|set-targets|list   the AlgoPerf-style arena (``gradwise arena --help``)
 
 torch, rich and the benchmark are imported only by the subcommand that runs.
 """
@@ -15,14 +16,18 @@ def _parser() -> argparse.ArgumentParser:
     from gradwise import bench_step  # argument definitions only: no torch at import time
 
     parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.")
-    commands = parser.add_subparsers(dest="command", metavar="{list,bench}")
+    from gradwise.arena import cli as arena_cli  # argument definitions only
+
+    commands = parser.add_subparsers(dest="command", metavar="{list,bench,arena}")
     commands.add_parser("list", help="the recipe table: name, chain, state buffers")
     bench = commands.add_parser("bench", help="benchmarks")
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}")
     bench_step.add_arguments(benchmarks.add_parser(
         "step", help="optimizer step time against torch's fused and foreach AdamW",
         description=bench_step.__doc__.split("\n\n")[0]))
-    parser.set_defaults(bench_parser=bench)
+    arena = commands.add_parser("arena", help="AlgoPerf-style time-to-result for training algorithms")
+    arena_cli.add_arguments(arena)
+    parser.set_defaults(bench_parser=bench, arena_parser=arena)
     return parser
 
 
@@ -68,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "list":
         return _list()
+    if args.command == "arena":
+        from gradwise.arena import cli as arena_cli
+
+        return arena_cli.main(args, args.arena_parser)
     if args.benchmark is None:
         args.bench_parser.error("missing benchmark: choose from 'step'")
     from gradwise import bench_step

@@ -1,0 +1,220 @@
+"""``gradwise arena ...``: run suites or search spaces, score, report, set targets, list what can be entered."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_STORAGE = "arena-results/arena.db"
+DEFAULT_OUT = "arena-results/report"
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or (kind is float and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a number > 0")
+        return value
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list}")
+    run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)")
+    run.add_argument("--suite", choices=["quick", "full"], default="quick")
+    run.add_argument("--workloads", help="comma-separated workloads (default: the suite's)")
+    run.add_argument("--optimizers", help="comma-separated optimizers, self-tuning defaults (default: the suite's)")
+    run.add_argument("--hyperparameters", help="JSON object: a fixed point for every --optimizers entry, in place"
+                     " of its self-tuning defaults (the same point on every workload)")
+    run.add_argument("--search-space", help="JSON or TOML search space: external tuning instead of self-tuning")
+    run.add_argument("--optimizer", help="the optimizer a --search-space file is for, if the file names none")
+    run.add_argument("--trials", type=_positive(int), default=5, help="Halton trials per study (external)")
+    run.add_argument("--studies", type=_positive(int), help="studies per submission and workload")
+    run.add_argument("--budget-scale", type=_positive(float), default=1.0,
+                     help="multiply every workload's step and time budget (default 1)")
+    run.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
+    run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
+    _common(run, suite=False)
+    run.add_argument("--no-live", action="store_true", help="plain log lines instead of the live leaderboard")
+    score = commands.add_parser("score", help="print the leaderboard from a store")
+    _common(score)
+    report = commands.add_parser("report", help="write the Markdown and HTML report with figures")
+    _common(report)
+    targets = commands.add_parser("set-targets", help="set workload targets the AlgoPerf way (targets.json)")
+    targets.add_argument("--workloads", default="digits_cnn,teacher_student")
+    targets.add_argument("--trials", type=_positive(int), default=4, help="Halton trials per algorithm")
+    targets.add_argument("--seeds", type=_positive(int), default=3, help="seeds for the best configuration")
+    targets.add_argument("--budget-scale", type=_positive(float), default=1.0, help="for smoke runs only")
+    targets.add_argument("--storage", default="arena-results/targets.db")
+    targets.add_argument("--threads", type=_positive(int), default=1)
+    targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
+    commands.add_parser("list", help="workloads, optimizers and self-tuning defaults")
+
+
+def _common(parser: argparse.ArgumentParser, suite: bool = True) -> None:
+    parser.add_argument("--storage", default=DEFAULT_STORAGE,
+                        help="SQLite file or SQLAlchemy URL, e.g. postgresql://user@host/db"
+                             f" (default {DEFAULT_STORAGE})")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default {DEFAULT_OUT})")
+    parser.add_argument("--reference", default="torch.AdamW", help="the submission speedups are measured against")
+    if suite:
+        parser.add_argument("--suite", choices=["quick", "full", "custom"], help="only this suite's studies")
+
+
+def _names(text: str | None, default: list[str]) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else list(default)
+
+
+def _plans(args):
+    from gradwise.arena.rulesets import Entry, plan, self_tuning_entry
+    from gradwise.arena.submissions import load_search_space
+    from gradwise.arena.suites import SUITES
+    from gradwise.arena.workloads import get_workload
+
+    suite = SUITES[args.suite]
+    workloads = _names(args.workloads, suite["workloads"])
+    for w in workloads:
+        get_workload(w)  # unknown names fail before anything runs
+    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters)
+    name = "custom" if custom else args.suite
+    if args.search_space:
+        optimizer, space = load_search_space(args.search_space, args.optimizer)
+        entries = [Entry(f"{optimizer}:{Path(args.search_space).stem}", optimizer, space=space)]
+        studies = args.studies or 3
+    elif args.hyperparameters:
+        try:
+            point = json.loads(args.hyperparameters)
+        except ValueError as error:
+            raise ValueError(f"invalid --hyperparameters={args.hyperparameters!r}: {error}") from error
+        if not isinstance(point, dict):
+            raise ValueError(f"invalid --hyperparameters={args.hyperparameters!r}: expected a JSON object")
+        entries = [Entry(f"{o}{json.dumps(point, separators=(',', '='))}", o, hyperparameters=point)
+                   for o in _names(args.optimizers, suite["optimizers"])]
+        studies = args.studies or suite["studies"]
+    else:
+        entries = [self_tuning_entry(o) for o in _names(args.optimizers, suite["optimizers"])]
+        studies = args.studies or suite["studies"]
+    return name, [p for e in entries for w in workloads
+                  for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
+                                suite=name)]
+
+
+def _open(storage: str, create: bool = True):
+    """The store; a SQLite file's folder is created first, or, to read, the file must exist."""
+    from gradwise.arena.store import Store
+
+    if "://" not in storage:
+        if not create and not Path(storage).exists():
+            raise ValueError(f"no store at {storage!r}: run 'gradwise arena run' first or pass --storage")
+        Path(storage).parent.mkdir(parents=True, exist_ok=True)
+    return Store(storage)
+
+
+def _worker(storage: str, plans, threads: int) -> None:
+    from gradwise.arena.rulesets import work
+    from gradwise.arena.store import Store
+
+    work(Store(storage), plans, threads=threads)
+
+
+def cmd_run(args) -> int:
+    from gradwise.arena.live import LiveBoard
+    from gradwise.arena.report import write_report
+    from gradwise.arena.rulesets import work
+
+    suite, plans = _plans(args)
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cpus:
+        print(f"warning: load average {load:.1f} on {cpus} CPUs: times will be contended (the report flags them)",
+              file=sys.stderr)
+    store = _open(args.storage)
+    for p in plans:  # prepare in this process so extra workers find every study ready
+        store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
+    context = multiprocessing.get_context("spawn")
+    helpers = [context.Process(target=_worker, args=(args.storage, plans, args.threads))
+               for _ in range(args.workers - 1)]
+    for h in helpers:
+        h.start()
+    with LiveBoard(store, suite, plans, args.reference, live=not args.no_live) as board:
+        work(store, plans, threads=args.threads, on_trial=board.on_trial, on_eval=board.on_eval)
+        for h in helpers:
+            h.join()
+    if any(h.exitcode for h in helpers):
+        print(f"error: {sum(bool(h.exitcode) for h in helpers)} worker process(es) failed", file=sys.stderr)
+        return 1
+    path = write_report(store.studies(), Path(args.out), suite, args.reference)
+    board.print_final()
+    print(f"\nreport: {path} and {path.with_suffix('.html')}")
+    return 0
+
+
+def cmd_score(args) -> int:
+    from gradwise.arena.live import print_leaderboards
+
+    print_leaderboards(_open(args.storage, create=False).studies(), args.suite, args.reference)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from gradwise.arena.report import write_report
+
+    path = write_report(_open(args.storage, create=False).studies(), Path(args.out), args.suite, args.reference)
+    print(f"report: {path} and {path.with_suffix('.html')}")
+    return 0
+
+
+def cmd_set_targets(args) -> int:
+    from gradwise.arena.set_targets import set_target, write_targets
+    from gradwise.arena.workloads import get_workload
+
+    workloads = _names(args.workloads, [])
+    for w in workloads:
+        get_workload(w)
+    store = _open(args.storage)
+    results = {}
+    for w in workloads:
+        results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
+                                budget_scale=args.budget_scale,
+                                on_trial=lambda p, c, r: r and print(
+                                    f"  {p.name} #{c.index}: best {r['metric']} {r['best_metric']:.4g}"))
+        print(f"{w}: target {results[w]['metric']} {results[w]['target']:.4g} ({results[w]['algorithm']},"
+              f" per seed {[round(v, 4) for v in results[w]['per_seed_best']]})")
+    if not args.dry_run:
+        write_targets(results)
+        print("wrote gradwise/arena/targets.json")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from gradwise.arena.submissions import SELF_TUNING, optimizer_names
+    from gradwise.arena.workloads import WORKLOADS, get_workload
+
+    for name in WORKLOADS:
+        w = get_workload(name)
+        print(f"{name}: {w.description}; target {w.metric} {'>=' if w.higher_is_better else '<='} {w.target:g},"
+              f" {w.step_hint} steps / {w.max_runtime:g} s, batch {w.batch_size}, eval every {w.eval_every}")
+    print("optimizers:", ", ".join(optimizer_names()))
+    for name, hyper in SELF_TUNING.items():
+        print(f"self-tuning {name}: {hyper}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targets": cmd_set_targets,
+            "list": cmd_list}
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    if args.arena_command is None:
+        parser.error("missing arena command: choose from run, score, report, set-targets, list")
+    try:
+        return COMMANDS[args.arena_command](args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

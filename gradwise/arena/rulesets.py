@@ -1,0 +1,143 @@
+"""AlgoPerf's two tuning rulesets as study plans, and the loop that works through them.
+
+- **self-tuning**: one fixed hyperparameter point per optimizer (``submissions.SELF_TUNING``), the same on every
+  workload, with 1.5x the workload's step and time budget; one trial per study, ``studies`` studies (seeds).
+- **external tuning**: ``trials`` points per study drawn by quasi-random Halton search through Optuna's
+  ``QMCSampler`` (scrambled, seeded by the study index, so each study draws its own points), ``studies``
+  studies; the workload's time is the median over studies of the fastest trial. A list-form space gives its
+  first ``trials`` points to every study instead.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState
+
+from gradwise.arena.runner import run_trial
+from gradwise.arena.store import Claimed, Store
+from gradwise.arena.submissions import SELF_TUNING, check_hyperparameters, check_search_space
+from gradwise.arena.workloads import Workload, get_workload
+
+SELF_TUNING_BUDGET = 1.5
+RULESETS = ("self", "external")
+
+
+@dataclass
+class Entry:
+    """A submission: a display name, the optimizer, and either fixed hyperparameters or a search space."""
+
+    name: str
+    optimizer: str
+    hyperparameters: dict[str, Any] | None = None
+    space: dict[str, dict] | list[dict[str, Any]] | None = None
+
+    @property
+    def ruleset(self) -> str:
+        return "external" if self.space is not None else "self"
+
+
+def self_tuning_entry(optimizer: str) -> Entry:
+    if optimizer not in SELF_TUNING:
+        raise ValueError(f"no self-tuning defaults for optimizer {optimizer!r}; have: {sorted(SELF_TUNING)}")
+    return Entry(optimizer, optimizer, hyperparameters=dict(SELF_TUNING[optimizer]))
+
+
+@dataclass
+class StudyPlan:
+    name: str
+    entry: Entry
+    workload: str
+    spec: dict[str, Any]
+    points: list[dict[str, Any]]
+    seeds: list[int]
+    distributions: dict[str, BaseDistribution] = field(default_factory=dict)
+
+
+def distributions(space: dict[str, dict]) -> dict[str, BaseDistribution]:
+    result: dict[str, BaseDistribution] = {}
+    for key, spec in sorted(space.items()):
+        if "feasible_points" in spec:
+            result[key] = CategoricalDistribution(spec["feasible_points"])
+        else:
+            result[key] = FloatDistribution(spec["min"], spec["max"], log=spec.get("scaling") == "log")
+    return result
+
+
+def halton_points(space: dict[str, dict], n: int, seed: int) -> list[dict[str, Any]]:
+    """The first ``n`` points of a scrambled Halton sequence over ``space``, drawn by Optuna's QMCSampler."""
+    dists = distributions(space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.QMCSampler(qmc_type="halton", scramble=True, seed=seed)
+    study = optuna.create_study(sampler=sampler)  # in memory: only holds the sampler's sequence counter
+    return [sampler.sample_relative(study, None, dists) for _ in range(n)]
+
+
+def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_scale: float = 1.0,
+         suite: str = "custom", target: float | None = None, self_tuning_budget: bool = True) -> list[StudyPlan]:
+    """The studies one submission runs on one workload (``target`` overrides the workload's)."""
+    if studies < 1 or trials < 1:
+        raise ValueError(f"invalid studies={studies!r}, trials={trials!r}: expected >= 1")
+    if not budget_scale > 0:
+        raise ValueError(f"invalid budget_scale={budget_scale!r}: expected > 0")
+    w = get_workload(workload)
+    target = w.check_target(w.target if target is None else target)
+    scale = budget_scale * (SELF_TUNING_BUDGET if entry.ruleset == "self" and self_tuning_budget else 1.0)
+    max_steps, max_runtime = max(1, round(w.step_hint * scale)), w.max_runtime * scale
+    result = []
+    for j in range(studies):
+        if entry.space is not None:
+            check_search_space(entry.optimizer, entry.space)
+            if isinstance(entry.space, list):  # AlgoPerf's list form: the first `trials` points
+                points, dists = [dict(p) for p in entry.space[:trials]], {}
+            else:
+                points, dists = halton_points(entry.space, trials, seed=j), distributions(entry.space)
+        else:
+            check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
+            points, dists = [dict(entry.hyperparameters or {})], {}
+        spec = {"suite": suite, "ruleset": entry.ruleset, "submission": entry.name, "optimizer": entry.optimizer,
+                "workload": workload, "study": j, "trials": len(points), "target": target,
+                "metric": w.metric, "max_steps": max_steps, "max_runtime": max_runtime,
+                "space": entry.space, "hyperparameters": entry.hyperparameters}
+        name = f"{suite}/{entry.ruleset}/{entry.name}/{workload}/study{j}"
+        seeds = [1000 * j + i for i in range(len(points))]
+        result.append(StudyPlan(name, entry, workload, spec, points, seeds, dists))
+    return result
+
+
+def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
+         on_trial: Callable[[StudyPlan, Claimed | None, dict | None], None] | None = None,
+         on_eval: Callable[[dict], None] | None = None) -> int:
+    """Prepare every study, then run waiting trials until none is left; returns the trials this worker ran.
+    Safe to run in several processes at once against one store."""
+    for p in plans:
+        store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
+        store.recover(p.name)
+    workloads: dict[str, Workload] = {}
+    ran = 0
+    for p in plans:
+        w = workloads.setdefault(p.workload, get_workload(p.workload))
+        while (claimed := store.claim(p.name)) is not None:
+            if on_trial is not None:
+                on_trial(p, claimed, None)
+            try:
+                record = run_trial(w, p.entry.optimizer, claimed.hyperparameters, seed=claimed.seed,
+                                   target=p.spec["target"], max_steps=p.spec["max_steps"],
+                                   max_runtime=p.spec["max_runtime"], threads=threads, on_eval=on_eval)
+            except BaseException as error:
+                state = TrialState.WAITING if isinstance(error, KeyboardInterrupt) else TrialState.FAIL
+                store.storage.set_trial_user_attr(claimed.trial_id, "error", repr(error))
+                store.storage.set_trial_state_values(claimed.trial_id, state)
+                raise
+            record.update({"study": p.name, "study_index": p.spec["study"], "index": claimed.index,
+                           "submission": p.entry.name, "ruleset": p.entry.ruleset})
+            store.finish(claimed, json.loads(json.dumps(record)), p.distributions)
+            ran += 1
+            if on_trial is not None:
+                on_trial(p, claimed, record)
+    return ran

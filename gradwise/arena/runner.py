@@ -1,0 +1,131 @@
+"""One timed trial: train a workload with an optimizer until the target or the budget.
+
+The clock (AlgoPerf's ``accumulated_submission_time``) counts training only: drawing the batch, forward,
+backward, the optimizer step and the LR schedule. Evaluation runs untimed every ``eval_every`` steps (and at
+the end); the trial stops at the first evaluation that reaches the target, or when the training time or the
+step budget is spent, or when the loss is not finite. The record holds wall and CPU training time, steps to
+target, peak resident memory (and its growth over the trial's start, after the data are loaded), optimizer
+state bytes, the curve, the seed, and the machine (torch version,
+CPU model, threads, load average).
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from gradwise.arena.submissions import build_optimizer
+from gradwise.arena.workloads import Workload
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(threads: int) -> dict[str, Any]:
+    return {"torch": torch.__version__, "python": platform.python_version(), "cpu_model": cpu_model(),
+            "cpus": os.cpu_count(), "threads": threads, "host": platform.node(),
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def pin_threads(threads: int) -> None:
+    if threads < 1:
+        raise ValueError(f"invalid threads={threads!r}: expected >= 1")
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def _reset_peak_rss() -> None:
+    try:  # Linux: writing 5 to clear_refs resets VmHWM, the peak resident set size
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _rss_mb(field: str = "VmHWM") -> float:
+    """The peak (VmHWM) or current (VmRSS) resident set size in MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any], *, seed: int,
+              target: float, max_steps: int, max_runtime: float, threads: int = 1,
+              on_eval: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Train once; returns the trial record (JSON-serializable; ``time_to_target`` is None on a miss)."""
+    if max_steps < 1:
+        raise ValueError(f"invalid max_steps={max_steps!r}: expected >= 1")
+    if not max_runtime > 0:
+        raise ValueError(f"invalid max_runtime={max_runtime!r}: expected > 0 seconds")
+    pin_threads(threads)
+    workload.data()  # build or load the data outside the clock
+    model = workload.init_model(seed)
+    opt, schedule = build_optimizer(optimizer, hyperparameters, model.parameters(), max_steps)
+    batches = workload.batches(workload.batch_size, seed)
+    record: dict[str, Any] = {"workload": workload.name, "optimizer": optimizer,
+                              "hyperparameters": hyperparameters, "seed": seed, "target": target,
+                              "metric": workload.metric, "max_steps": max_steps, "max_runtime": max_runtime,
+                              "machine": machine(threads)}
+    _reset_peak_rss()
+    rss_start = _rss_mb("VmRSS")
+    curve: list[dict[str, float]] = []
+    train_time = cpu_time = 0.0
+    step, hit, diverged, train_loss = 0, False, False, math.nan
+    model.train()
+    while step < max_steps and train_time < max_runtime:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        x, y = next(batches)
+        loss = workload.loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        schedule.step()
+        train_loss = float(loss.detach())
+        train_time += time.perf_counter() - wall0
+        cpu_time += time.process_time() - cpu0
+        step += 1
+        diverged = not math.isfinite(train_loss)
+        last = diverged or step >= max_steps or train_time >= max_runtime
+        if step % workload.eval_every == 0 or last:
+            point = {"step": step, "time": train_time, "cpu_time": cpu_time, "train_loss": train_loss,
+                     **({} if diverged else workload.evaluate(model))}
+            curve.append(point)
+            if on_eval is not None:
+                on_eval(point)
+            if not diverged and workload.reached(point[workload.metric], target):
+                hit = True
+                break
+        if diverged:
+            break
+    values = [p[workload.metric] for p in curve if workload.metric in p]
+    best = (max if workload.higher_is_better else min)(values) if values else None
+    record.update({
+        "reached": hit, "diverged": diverged, "steps": step, "train_time": train_time, "cpu_time": cpu_time,
+        "time_to_target": train_time if hit else None, "steps_to_target": step if hit else None,
+        "best_metric": best, "final_metric": values[-1] if values else None,
+        "peak_rss_mb": _rss_mb(), "rss_start_mb": rss_start, "state_bytes": _state_bytes(opt),
+        "params": sum(p.numel() for p in model.parameters()), "curve": curve,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    })
+    return record

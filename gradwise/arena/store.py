@@ -1,0 +1,185 @@
+"""Every trial in an Optuna RDB storage: a SQLite file by default, or any SQLAlchemy URL
+(``postgresql://user@host/db``) so that workers on several machines share the same studies.
+
+One Optuna study per (ruleset, submission, workload, study index); its trials are enqueued up front
+(``prepare``) with their hyperparameters, index and seed, so the work is fixed before anything runs. A worker
+``claim``s a waiting trial (Optuna's row-locked WAITING -> RUNNING transition, so two workers never get the
+same trial), runs it, and ``finish``es it: the record goes into a user attribute, then one transaction sets
+the value and COMPLETE. A trial is done only once COMPLETE: a process killed mid-trial leaves it RUNNING,
+and the next run on that host puts it back in the queue (``recover``), so a resumed run ends with the same
+trials, hyperparameters and seeds as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, distribution_to_json
+from optuna.trial import TrialState
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PREPARED = "gradwise:prepared"
+UNOWNED_GRACE_S = 60.0
+
+
+def storage_url(storage: str) -> str:
+    """A SQLAlchemy URL: a URL is kept as it is (``postgresql://`` names the psycopg 3 driver, which the
+    ``postgres`` extra installs), anything else is a SQLite file path."""
+    if storage.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + storage.split("://", 1)[1]
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage).resolve()}"
+
+
+def _check_sqlite_file(path: Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            db.execute("select name from sqlite_master limit 1").fetchall()
+    except sqlite3.DatabaseError as error:
+        raise ValueError(f"corrupt store {str(path)!r}: not a SQLite database ({error}); move it away or pass"
+                         " another --storage") from error
+
+
+@dataclass
+class Claimed:
+    """A trial this worker runs: its Optuna ids, hyperparameters, index in its study and seed."""
+
+    study: str
+    trial_id: int
+    number: int
+    hyperparameters: dict[str, Any]
+    index: int
+    seed: int
+
+
+class Store:
+    def __init__(self, storage: str):
+        self.url = storage_url(storage)
+        kwargs: dict[str, Any] = {}
+        if self.url.startswith("sqlite:///"):
+            _check_sqlite_file(Path(self.url.removeprefix("sqlite:///")))
+            kwargs = {"connect_args": {"timeout": 120}}
+        for attempt in range(3):  # workers starting together on an empty database race to create the tables
+            try:
+                self.storage = optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
+                break
+            except Exception as error:  # noqa: BLE001 - SQLAlchemy and Optuna raise many kinds; say which store
+                if attempt == 2:
+                    raise ValueError(f"cannot open store {self.url!r}: {type(error).__name__}: {error}") from error
+                time.sleep(1.0)
+
+    # -- studies --------------------------------------------------------------------------------------
+    def prepare(self, name: str, spec: dict[str, Any], points: list[dict[str, Any]], seeds: list[int],
+                distributions: dict[str, BaseDistribution] | None = None) -> None:
+        """Create study ``name`` with ``spec`` and enqueue one trial per point, unless it exists with the same
+        spec (a resumed run). Another worker creating it at the same time waits until it is prepared."""
+        try:
+            study_id = self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
+        except optuna.exceptions.DuplicatedStudyError:
+            study_id = self.storage.get_study_id_from_name(name)
+            stored = self.storage.get_study_user_attrs(study_id).get("spec")
+            if stored is not None and stored != json.loads(json.dumps(spec)):
+                raise ValueError(f"store {self.url!r} already holds study {name!r} with another spec: stored"
+                                 f" {stored}, now {spec}; use another --storage or the same settings") from None
+            self._wait_prepared(study_id)
+            return
+        self.storage.set_study_user_attr(study_id, "spec", spec)
+        self._enqueue(study_id, name, points, seeds, distributions)
+
+    def _enqueue(self, study_id: int, name: str, points, seeds, distributions) -> None:
+        study = optuna.load_study(study_name=name, storage=self.storage)
+        have = {t.user_attrs.get("index") for t in study.get_trials(deepcopy=False)}
+        for index, (params, seed) in enumerate(zip(points, seeds)):
+            if index not in have:
+                study.enqueue_trial(params, user_attrs={"index": index, "seed": seed,
+                                                        "hyperparameters": params})
+        if distributions:
+            self.storage.set_study_user_attr(
+                study_id, "distributions", {k: distribution_to_json(d) for k, d in distributions.items()})
+        self.storage.set_study_system_attr(study_id, PREPARED, len(points))
+
+    def _wait_prepared(self, study_id: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while PREPARED not in self.storage.get_study_system_attrs(study_id):
+            if time.monotonic() > deadline:
+                raise ValueError(f"study {self.storage.get_study_name_from_id(study_id)!r} in {self.url!r} was"
+                                 " created but never prepared (its creator died?): delete it and run again")
+            time.sleep(0.2)
+
+    # -- trials ---------------------------------------------------------------------------------------
+    def recover(self, name: str) -> int:
+        """Put back in the queue the RUNNING trials of ``name`` claimed on this host by a process that is gone."""
+        study_id = self.storage.get_study_id_from_name(name)
+        recovered = 0
+        for t in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
+            dead = host == platform.node() and pid.isdigit() and not _alive(int(pid))
+            # a claim writes its owner right after; none a minute later means the claimer died in between
+            unowned = "worker" not in t.user_attrs and t.datetime_start is not None and \
+                (datetime.now() - t.datetime_start).total_seconds() > UNOWNED_GRACE_S
+            if dead or unowned:
+                self.storage.set_trial_state_values(t._trial_id, TrialState.WAITING)
+                recovered += 1
+        return recovered
+
+    def claim(self, name: str) -> Claimed | None:
+        """The next waiting trial of study ``name``, now RUNNING and owned by this process; None when none."""
+        study_id = self.storage.get_study_id_from_name(name)
+        for t in sorted(self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)),
+                        key=lambda t: t.number):
+            if self.storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                self.storage.set_trial_user_attr(t._trial_id, "worker", f"{platform.node()}:{os.getpid()}")
+                return Claimed(name, t._trial_id, t.number, dict(t.user_attrs["hyperparameters"]),
+                               int(t.user_attrs["index"]), int(t.user_attrs["seed"]))
+        return None
+
+    def finish(self, claimed: Claimed, record: dict[str, Any],
+               distributions: dict[str, BaseDistribution] | None = None) -> None:
+        """Record the trial; the final transaction sets its value (time to target, inf on a miss) and COMPLETE."""
+        for key, dist in (distributions or {}).items():
+            value = claimed.hyperparameters[key]
+            self.storage.set_trial_param(claimed.trial_id, key, dist.to_internal_repr(value), dist)
+        self.storage.set_trial_user_attr(claimed.trial_id, "record", record)
+        value = record["time_to_target"]
+        self.storage.set_trial_state_values(claimed.trial_id, TrialState.COMPLETE,
+                                            [math.inf if value is None else float(value)])
+
+    # -- reading --------------------------------------------------------------------------------------
+    def studies(self) -> list[dict[str, Any]]:
+        """Every arena study: its name, spec, and the records of its completed trials in index order."""
+        result = []
+        for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False):
+            study_id = self.storage.get_study_id_from_name(summary.study_name)
+            spec = self.storage.get_study_user_attrs(study_id).get("spec")
+            if spec is None:
+                continue
+            trials = self.storage.get_all_trials(study_id, deepcopy=False)
+            done = sorted((t for t in trials if t.state == TrialState.COMPLETE),
+                          key=lambda t: t.user_attrs["index"])
+            result.append({"name": summary.study_name, "spec": spec, "trials": len(trials),
+                           "records": [t.user_attrs["record"] for t in done],
+                           "pending": sum(t.state != TrialState.COMPLETE for t in trials)})
+        return result
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

