@@ -22,6 +22,8 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import DTensor, any_rank, check_new_group, local, param_label
 from gradwise.core.transform import Transform, chain, state_dtype
+from gradwise.state.engine import EncodedState
+from gradwise.state.store import has_buffer
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
 _BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
@@ -40,6 +42,9 @@ class Optimizer(torch.optim.Optimizer):
             and falls back to eager, with a warning, if compilation fails.
         skip_nonfinite: start the chain with ``skip_nonfinite()``: a step whose gradients hold NaN or
             inf changes nothing and is counted in ``skipped_steps``.
+        state: how state buffers shaped like their parameter are stored between steps: ``None`` or
+            ``"fp32"`` (as computed), ``"bf16"`` (stochastic rounding), ``"int8"``, ``"int4"``, or a
+            ``gradwise.state.StatePolicy`` choosing per parameter. Transforms always see float tensors.
         **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize``.
     """
 
@@ -61,6 +66,7 @@ class Optimizer(torch.optim.Optimizer):
         *,
         compile: bool | str = "auto",
         skip_nonfinite: bool = False,
+        state: Any = None,
         **hyperparameters: Any,
     ):
         if not isinstance(transform, Transform):
@@ -87,7 +93,9 @@ class Optimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: CompiledStep | None = None
+        self._encoded = EncodedState.from_argument(state, transform)
         super().__init__(params, defaults)
+        self._encoded.check(self.param_groups)
         self.register_state_dict_post_hook(_save_counters)
         self.register_load_state_dict_pre_hook(_load_counters)
 
@@ -119,6 +127,7 @@ class Optimizer(torch.optim.Optimizer):
             for key, value in saved.items():
                 if key != "step" and isinstance(value, Tensor) and value.is_floating_point():
                     self.state[p][key] = value.to(device=p.device, dtype=state_dtype(p))
+        self._encoded.after_load(self, state_dict)
 
     def _validate(self, group: dict[str, Any]) -> None:
         for key, spec in self.hyper_specs.items():
@@ -183,6 +192,15 @@ class Optimizer(torch.optim.Optimizer):
                 f"{self.transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
                 " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
             )
+        encoded = [i for i, s in enumerate(states) if self._encoded.is_encoded(s)]
+        if encoded:
+            self._encoded.run([params[i] for i in encoded], [states[i] for i in encoded],
+                              [self._position(params[i]) for i in encoded], values, layout, static,
+                              compiled=self._runner() is not None)
+            params = [p for i, p in enumerate(params) if i not in set(encoded)]
+            states = [s for i, s in enumerate(states) if i not in set(encoded)]
+            if not params:
+                return
         keys = [k for k in states[0] if k != "step"]
         views = [local(p) for p in params]
         grads = [local(p.grad) for p in params]
@@ -220,12 +238,20 @@ class Optimizer(torch.optim.Optimizer):
 
     def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         state = self.state[p]
-        if "step" not in state or any(k not in state for k in self.transform.state):
+        if "step" not in state or any(not has_buffer(state, k) for k in self.transform.state):
             fresh = self.transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
-            for key, value in fresh.items():
-                state.setdefault(key, value)
+            names = group.get("param_names")
+            name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
+            self._encoded.init(state, fresh, p, name, self._position(p))
             state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
         return state
+
+    def _position(self, p: Tensor) -> int:
+        """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
+        count = sum(len(g["params"]) for g in self.param_groups)
+        if getattr(self, "_positions", (None, 0))[1] != count:
+            self._positions = ({id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}, count)
+        return self._positions[0][id(p)]
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
@@ -245,9 +271,10 @@ class Optimizer(torch.optim.Optimizer):
     @property
     def compile_stats(self) -> dict[str, float]:
         """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
-        if self._compiled is None:
-            return {"compiles": 0, "seconds": 0.0}
-        return {"compiles": self._compiled.compiles, "seconds": self._compiled.compile_seconds}
+        compiles, seconds = self._encoded.compile_stats
+        if self._compiled is not None:
+            compiles, seconds = compiles + self._compiled.compiles, seconds + self._compiled.compile_seconds
+        return {"compiles": compiles, "seconds": seconds}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
