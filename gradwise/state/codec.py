@@ -72,8 +72,7 @@ def codec_from(spec: Any, argument: str = "state") -> Codec | None:
     """A codec from a name (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``), a tag
     (``"int8-b256"``), or a ``Codec``; ``None`` for float32 (the buffer is stored as it is)."""
     from gradwise.state.bf16 import BF16
-    from gradwise.state.blockwise import Int8
-    from gradwise.state.int4 import Int4
+    from gradwise.state.integer import Int4, Int8
 
     if isinstance(spec, Codec):
         return spec
@@ -81,10 +80,13 @@ def codec_from(spec: Any, argument: str = "state") -> Codec | None:
         return None
     names = {"bf16": BF16, "int8": Int8, "int4": Int4}
     if isinstance(spec, str):
-        name, _, block = spec.partition("-b")
-        if name in names and not block:
+        name, _, rest = spec.partition("-b")
+        block, *options = rest.split("-")
+        if name in names and not rest:
             return names[name]()
-        if name in ("int8", "int4") and block.isdigit():
-            return names[name](block_size=int(block))
+        normalization = next((o for o in options if o in ("block", "rank1")), "default")
+        rounding = next((o for o in options if o in ("nearest", "stochastic")), "default")
+        if name in ("int8", "int4") and block.isdigit() and len(options) == (normalization != "default") + (rounding != "default"):
+            return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
     raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4' (or 'int8-b<block>',"
                      " 'int4-b<block>', a gradwise.state codec, or a StatePolicy)")
