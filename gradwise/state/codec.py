@@ -80,13 +80,16 @@ def codec_from(spec: Any, argument: str = "state") -> Codec | None:
         return None
     names = {"bf16": BF16, "int8": Int8, "int4": Int4}
     if isinstance(spec, str):
-        name, _, rest = spec.partition("-b")
+        name, separator, rest = spec.partition("-b")
         block, *options = rest.split("-")
-        if name in names and not rest:
+        if name in names and not separator:
             return names[name]()
         normalization = next((o for o in options if o in ("block", "rank1")), "default")
         rounding = next((o for o in options if o in ("nearest", "stochastic")), "default")
         if name in ("int8", "int4") and block.isdigit() and len(options) == (normalization != "default") + (rounding != "default"):
-            return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
-    raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4' (or 'int8-b<block>',"
-                     " 'int4-b<block>', a gradwise.state codec, or a StatePolicy)")
+            try:
+                return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
+            except ValueError as error:
+                raise ValueError(f"invalid {argument}={spec!r}: {error}") from None
+    raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4' (or a tag such as"
+                     " 'int8-b256', 'int4-b64-rank1-nearest'), a gradwise.state codec, or a StatePolicy")
