@@ -40,7 +40,13 @@ RECIPES = {
     "NAdamW": ("NAdamW", {"lr": 2e-3, "weight_decay": 0.1}, 28),
     "Lion": ("Lion", {"lr": 1e-4, "weight_decay": 0.1}, 20),  # read p, g, m; write p, m
     "SGD": ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True}, 20),  # 12 without momentum
+    # encoded state (tensors under 4096 elements stay fp32): read p, g, codes of m and v; write p and codes
+    "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
+    "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),
+    "AdamW-int4": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int4"}, 14),
 }
+#: the rows ``gradwise bench step`` runs unless ``--recipes`` says otherwise.
+DEFAULT_RECIPES = ["AdamW", "Adam", "NAdamW", "Lion", "SGD"]
 PATHS = ("eager", "compiled")
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
 REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
@@ -101,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"timed steps per row, after {WARMUP} warm-up steps (default 10)")
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="T",
                         help="torch.set_num_threads (default 1)")
-    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=list(RECIPES),
+    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
     parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")

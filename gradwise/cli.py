@@ -41,10 +41,11 @@ def recipe_table() -> list[dict[str, str]]:
     import torch
 
     import gradwise
-    from gradwise.bench_step import RECIPES
+    from gradwise.bench_step import DEFAULT_RECIPES, RECIPES
 
     rows = []
-    for name, (cls_name, hyper, _) in RECIPES.items():
+    for name in DEFAULT_RECIPES:
+        cls_name, hyper, _ = RECIPES[name]
         p = torch.nn.Parameter(torch.zeros(2, 2))
         p.grad = torch.ones(2, 2)
         opt = getattr(gradwise, cls_name)([p], **hyper, compile=False)
