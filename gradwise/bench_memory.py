@@ -100,6 +100,53 @@ def quality(formats=FORMATS, seeds=(0, 1, 2), steps=400, hidden=256, log=print) 
     return rows
 
 
+def reference_distances(steps: int = 30, log=print) -> list[dict]:
+    """Distance to torch's float32 AdamW, relative to how far it moved, of 8-bit AdamWs stepped with
+    the same gradients on a 256x512 weight whose first four input columns get gradients 101 times
+    larger: ours, and torchao's and bitsandbytes' where they import and run on this machine."""
+    import importlib
+
+    import torch
+
+    import gradwise
+
+    shape, lr, wd = (256, 512), 1e-3, 0.01
+    init = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 0.02
+    makers = {"torch AdamW fp32": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)}
+    for fmt in ("int8", "int8-b256-block", "int8-b2048-block"):
+        makers[f"gradwise {fmt}"] = lambda p, fmt=fmt: gradwise.AdamW(p, lr=lr, weight_decay=wd, state=fmt, compile=False)
+    for module, attr, label in (("torchao.optim", "AdamW8bit", "torchao AdamW8bit"),
+                                ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes AdamW8bit")):
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except Exception as error:  # not installed, or no backend for this machine
+            log(f"{label}: not run ({type(error).__name__}: {error})")
+            continue
+        makers[label] = lambda p, cls=cls: cls(p, lr=lr, weight_decay=wd)
+    trajectories = {}
+    for label, make in makers.items():
+        p = torch.nn.Parameter(init.clone())
+        try:
+            opt = make([p])
+            out = []
+            for step in range(steps):
+                g = torch.randn(shape, generator=torch.Generator().manual_seed(step))
+                p.grad = g * (1 + 100 * (torch.arange(shape[1]) < 4))
+                opt.step()
+                out.append(p.detach().clone())
+        except Exception as error:
+            log(f"{label}: failed on this machine ({type(error).__name__}: {error})")
+            continue
+        trajectories[label] = out
+    reference = trajectories.pop("torch AdamW fp32")
+    rows = []
+    for label, out in trajectories.items():
+        distance = [float((a - b).norm() / (b - init).norm()) for a, b in zip(out, reference)]
+        rows.append({"optimizer": label, "step_1": distance[0], "step_10": distance[min(9, steps - 1)],
+                     "final": distance[-1]})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
@@ -107,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
                         help="comma-separated formats for the quality runs ('' skips them)")
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--references", action="store_true",
+                        help="also compare with torchao's and bitsandbytes' AdamW8bit where they run")
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args(argv)
     import torch
@@ -126,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'format':<20}{'mean':>10}{'vs fp32':>10}   per seed")
         for r in quality(formats, tuple(range(args.seeds)), args.steps, log=log):
             print(f"{r['format']:<20}{r['mean']:>10.5f}{r['vs_fp32']:>10.4f}   {[round(v, 5) for v in r['losses']]}")
+    if args.references:
+        print("\n8-bit AdamW, distance to torch's fp32 AdamW relative to its movement (outlier columns)")
+        print(f"{'optimizer':<28}{'step 1':>10}{'step 10':>10}{'step 30':>10}")
+        for r in reference_distances(log=log):
+            print(f"{r['optimizer']:<28}{r['step_1']:>10.2e}{r['step_10']:>10.2e}{r['final']:>10.2e}")
     return 0
 
 

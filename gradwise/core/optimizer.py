@@ -192,13 +192,13 @@ class Optimizer(torch.optim.Optimizer):
                 f"{self.transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
                 " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
             )
-        encoded = [i for i, s in enumerate(states) if self._encoded.is_encoded(s)]
+        encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
         if encoded:
-            self._encoded.run([params[i] for i in encoded], [states[i] for i in encoded],
-                              [self._position(params[i]) for i in encoded], values, layout, static,
-                              compiled=self._runner() is not None)
-            params = [p for i, p in enumerate(params) if i not in set(encoded)]
-            states = [s for i, s in enumerate(states) if i not in set(encoded)]
+            self._encoded.run([params[i] for i in sorted(encoded)], [states[i] for i in sorted(encoded)],
+                              [self._position(params[i]) for i in sorted(encoded)], values, layout, static,
+                              compiled=self._runner() is not None, fall_back=self._fall_back)
+            params = [p for i, p in enumerate(params) if i not in encoded]
+            states = [s for i, s in enumerate(states) if i not in encoded]
             if not params:
                 return
         keys = [k for k in states[0] if k != "step"]
@@ -215,16 +215,19 @@ class Optimizer(torch.optim.Optimizer):
                 try:
                     runner(views[i], grads[i], own[i], values, layout, static)
                 except Exception as error:  # under "auto", a failed compile falls back to eager
-                    if self.compile is True or not _is_compile_error(error):
-                        raise
-                    warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on",
-                                  stacklevel=4)
-                    self._use_compiled = False
+                    self._fall_back(error)
                     eager += chosen[n:]
                     break
         if eager:
             run_eager(self.transform, [views[i] for i in eager], [grads[i] for i in eager],
                       [own[i] for i in eager], values, layout, static)
+
+    def _fall_back(self, error: Exception) -> None:
+        """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""
+        if self.compile is True or not _is_compile_error(error):
+            raise error
+        warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=5)
+        self._use_compiled = False
 
     def _runner(self) -> CompiledStep | None:
         if self._use_compiled is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from itertools import chain as chain_iterables
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -61,8 +61,9 @@ class EncodedState:
 
     # ------------------------------------------------------------- the step
     def run(self, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int], values: Tensor,
-            layout_: Any, static: Mapping[str, Any], compiled: bool) -> None:
-        """One step of every parameter in ``params`` (all with encoded state), one parameter at a time."""
+            layout_: Any, static: Mapping[str, Any], compiled: bool, fall_back: Callable[[Exception], None]) -> None:
+        """One step of every parameter in ``params`` (all with encoded state), one parameter at a time.
+        ``fall_back(error)`` is called when a compile fails: it re-raises, or the rest runs eagerly."""
         for p, state, position in zip(params, states, positions):
             plain_keys, encoded = layout(tuple(state))
             specs = self._specs_for(encoded)
@@ -74,9 +75,13 @@ class EncodedState:
             if compiled and p.numel() >= 2:
                 if self._compiled is None:
                     self._compiled = CompiledCodedStep(self.transform)
-                self._compiled(*args)
-            else:
-                coded_step(self.transform, *args)
+                try:
+                    self._compiled(*args)
+                    continue
+                except Exception as error:
+                    fall_back(error)
+                    compiled = False
+            coded_step(self.transform, *args)
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:
