@@ -26,12 +26,28 @@ _TABLES: dict[tuple, tuple[Tensor, Tensor]] = {}
 
 
 def table(kind: str, bits: int, signed: bool, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(code map, rounding boundaries) on ``device``, built once. ``kind``: "dynamic" or "linear"."""
+    """(code map, rounding boundaries padded with +inf to 2^bits - 1 entries) on ``device``, built
+    once. ``kind``: "dynamic" or "linear"."""
     key = (kind, bits, signed, device)
     if key not in _TABLES:
         values = dynamic_map(bits, signed) if kind == "dynamic" else linear_map(bits)
-        _TABLES[key] = (values.to(device), midpoints(values).to(device))
+        bounds = midpoints(values)
+        bounds = torch.cat([bounds, bounds.new_full((2**bits - 1 - bounds.numel(),), float("inf"))])
+        _TABLES[key] = (values.to(device), bounds.to(device))
     return _TABLES[key]
+
+
+def count_below(x: Tensor, sorted_table: Tensor, inclusive: bool = False) -> Tensor:
+    """How many entries of ``sorted_table`` (2^k - 1 of them) are < ``x`` (<= with ``inclusive``):
+    ``torch.bucketize`` as a branchless binary search of k table lookups and comparisons, which
+    ``torch.compile`` fuses into the surrounding elementwise loop (a bucketize call it does not)."""
+    position = torch.zeros(x.shape, dtype=torch.int64, device=x.device)
+    step = (sorted_table.numel() + 1) // 2
+    while step >= 1:
+        probe = sorted_table[position + (step - 1)]
+        position = torch.where(probe <= x if inclusive else probe < x, position + step, position)
+        step //= 2
+    return position
 
 
 def finite_absmax(x: Tensor, dim: int) -> Tensor:
@@ -49,7 +65,7 @@ def to_codes(x: Tensor, scale: Tensor, code_map: Tensor, bounds: Tensor, signed:
     finite = torch.isfinite(x)
     normalized = torch.where(finite, x / torch.where(scale > 0, scale, 1.0), 0.0).clamp(-1 if signed else 0, 1)
     if seed is None:
-        codes = torch.bucketize(normalized, bounds)
+        codes = count_below(normalized, bounds)
     else:
         codes = stochastic_codes(normalized, code_map, seed)
     if not signed:
@@ -62,7 +78,7 @@ def stochastic_codes(normalized: Tensor, code_map: Tensor, seed: Tensor) -> Tens
     value's fraction of the way between them: unbiased, so small increments accumulate on average
     instead of being rounded away step after step."""
     finite_map = code_map[:-1]
-    below = (torch.bucketize(normalized, finite_map, right=True) - 1).clamp(0, finite_map.numel() - 2)
+    below = (count_below(normalized, finite_map, inclusive=True) - 1).clamp(0, finite_map.numel() - 2)
     low, high = finite_map[below], finite_map[below + 1]
     fraction = ((normalized - low) / (high - low)).clamp(0, 1)
     index = torch.arange(normalized.numel(), device=normalized.device, dtype=torch.int64).view(normalized.shape)
