@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench bench-full arena clean
+.PHONY: test bench bench-full bench-memory arena clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ bench-full: $(STAMP)
 # The arena's quick suite (3 workloads x 4 optimizers, self-tuning, 3 studies): leaderboard and report path.
 arena: $(STAMP)
 	$(BIN)/gradwise arena run --suite quick --storage arena-results/quick.db --out arena-results/report
+
+# state bytes per parameter (124M, allocated), loss per state format, and the 8-bit references
+# (torchao and bitsandbytes, installed without their dependencies so torch stays 2.13.0)
+bench-memory: $(STAMP)
+	$(BIN)/pip install -q --no-deps torchao==0.18.0 bitsandbytes==0.50.2
+	$(BIN)/python bench/memory.py --measure --references
 
 clean:
 	rm -rf $(VENV) .pytest_cache

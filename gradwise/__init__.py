@@ -24,6 +24,8 @@ from gradwise.recipes import (
     Shampoo,
     schedule_free,
 )
+from gradwise.state import StatePolicy
+from gradwise.state.estimate import estimate
 from gradwise.transforms import (
     add_decayed_weights,
     lookahead,
@@ -46,9 +48,9 @@ from gradwise.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "SOAP", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon", "NAdamW", "Optimizer",
+    "SGD", "SOAP", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon", "NAdamW", "Optimizer", "StatePolicy",
     "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo", "Transform",
-    "add_decayed_weights", "chain", "lookahead", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
+    "add_decayed_weights", "chain", "estimate", "lookahead", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]

@@ -44,7 +44,13 @@ RECIPES = {
     # read p, g and 5 buffers (2 momenta, v, max v, Lookahead's slow weights), write p and the 5; the
     # stable-weight-decay pre-pass reads g and v once more
     "Ranger21": ("Ranger21", {"lr": 1e-3, "num_iterations": 10_000}, 60),
+    # encoded state (tensors under 4096 elements stay fp32): read p, g, codes of m and v; write p and codes
+    "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
+    "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),
+    "AdamW-int4": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int4"}, 14),
 }
+#: the rows ``gradwise bench step`` runs unless ``--recipes`` says otherwise.
+DEFAULT_RECIPES = ["AdamW", "Adam", "NAdamW", "Lion", "SGD"]
 PATHS = ("eager", "compiled")
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
 REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
@@ -105,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"timed steps per row, after {WARMUP} warm-up steps (default 10)")
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="T",
                         help="torch.set_num_threads (default 1)")
-    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=list(RECIPES),
+    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
     parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")

@@ -22,6 +22,8 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import DTensor, any_rank, check_new_group, local, param_label
 from gradwise.core.transform import Transform, chain, state_dtype
+from gradwise.state.engine import EncodedState
+from gradwise.state.store import has_buffer
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
 _BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
@@ -40,6 +42,9 @@ class Optimizer(torch.optim.Optimizer):
             and falls back to eager, with a warning, if compilation fails.
         skip_nonfinite: start the chain with ``skip_nonfinite()``: a step whose gradients hold NaN or
             inf changes nothing and is counted in ``skipped_steps``.
+        state: how state buffers shaped like their parameter are stored between steps: ``None`` or
+            ``"fp32"`` (as computed), ``"bf16"`` (stochastic rounding), ``"int8"``, ``"int4"``, or a
+            ``gradwise.state.StatePolicy`` choosing per parameter. Transforms always see float tensors.
         **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize``.
     """
 
@@ -61,6 +66,7 @@ class Optimizer(torch.optim.Optimizer):
         *,
         compile: bool | str = "auto",
         skip_nonfinite: bool = False,
+        state: Any = None,
         **hyperparameters: Any,
     ):
         if not isinstance(transform, Transform):
@@ -88,7 +94,9 @@ class Optimizer(torch.optim.Optimizer):
         self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: dict[Transform, CompiledStep] = {}  # one per chain that runs (one per route)
+        self._encoded = EncodedState.from_argument(state, transform)
         super().__init__(params, defaults)
+        self._encoded.check(self.param_groups)
         self.register_state_dict_post_hook(_save_counters)
         self.register_load_state_dict_pre_hook(_load_counters)
 
@@ -117,8 +125,10 @@ class Optimizer(torch.optim.Optimizer):
         params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
         for saved_id, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(saved_id, {}).items():
-                if isinstance(value, Tensor) and value.is_floating_point() and self.state[p][key].dtype != value.dtype:
+                if isinstance(value, Tensor) and value.is_floating_point() and key in self.state[p] \
+                        and self.state[p][key].dtype != value.dtype:
                     self.state[p][key] = value.to(device=p.device)
+        self._encoded.after_load(self, state_dict)
 
     def _validate(self, group: dict[str, Any]) -> None:
         for key, spec in self.hyper_specs.items():
@@ -241,6 +251,18 @@ class Optimizer(torch.optim.Optimizer):
                 f"{transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
                 " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
             )
+        encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
+        if encoded and transform is not self.transform:
+            raise NotImplementedError("encoded state (state=...) does not yet work with route(); keep routed "
+                                      "optimizers in float32 state")
+        if encoded:
+            self._encoded.run([params[i] for i in sorted(encoded)], [states[i] for i in sorted(encoded)],
+                              [self._position(params[i]) for i in sorted(encoded)], values, layout, static,
+                              compiled=self._runner(transform) is not None, fall_back=self._fall_back)
+            params = [p for i, p in enumerate(params) if i not in encoded]
+            states = [s for i, s in enumerate(states) if i not in encoded]
+            if not params:
+                return
         keys = [k for k in states[0] if k != "step"]
         views = [local(p) for p in params]
         grads = [local(p.grad) for p in params]
@@ -255,15 +277,18 @@ class Optimizer(torch.optim.Optimizer):
                 runner([views[i] for i in chosen], [grads[i] for i in chosen], [own[i] for i in chosen],
                        values, layout, static)
             except Exception as error:  # under "auto", a failed compile falls back to eager
-                if self.compile is True or not _is_compile_error(error):
-                    raise
-                warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on",
-                              stacklevel=4)
-                self._use_compiled = False
+                self._fall_back(error)
                 eager += chosen[runner.done:]
         if eager:
             run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager],
                       [own[i] for i in eager], values, layout, static)
+
+    def _fall_back(self, error: Exception) -> None:
+        """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""
+        if self.compile is True or not _is_compile_error(error):
+            raise error
+        warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=5)
+        self._use_compiled = False
 
     def _runner(self, transform: Transform) -> CompiledStep | None:
         """The compiled step for the chain; None (run eagerly) when compilation is off or the chain is
@@ -281,12 +306,20 @@ class Optimizer(torch.optim.Optimizer):
     def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         state = self.state[p]
         transform = self.transform.for_group(group)
-        if "step" not in state or any(k not in state for k in transform.state):
+        if "step" not in state or any(not has_buffer(state, k) for k in transform.state):
             fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
-            for key, value in fresh.items():
-                state.setdefault(key, value)
+            names = group.get("param_names")
+            name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
+            self._encoded.init(state, fresh, p, name, self._position(p))
             state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
         return state
+
+    def _position(self, p: Tensor) -> int:
+        """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
+        count = sum(len(g["params"]) for g in self.param_groups)
+        if getattr(self, "_positions", (None, 0))[1] != count:
+            self._positions = ({id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}, count)
+        return self._positions[0][id(p)]
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
@@ -306,8 +339,9 @@ class Optimizer(torch.optim.Optimizer):
     @property
     def compile_stats(self) -> dict[str, float]:
         """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
-        return {"compiles": sum(c.compiles for c in self._compiled.values()),
-                "seconds": sum(c.compile_seconds for c in self._compiled.values())}
+        compiles, seconds = self._encoded.compile_stats
+        return {"compiles": compiles + sum(c.compiles for c in self._compiled.values()),
+                "seconds": seconds + sum(c.compile_seconds for c in self._compiled.values())}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"

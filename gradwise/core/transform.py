@@ -61,6 +61,9 @@ class Transform:
 
     name: str = "transform"
     state: tuple[str, ...] = ()
+    #: the ``state`` buffers that never hold negative values (second moments): a quantizing codec
+    #: spends no code on negatives for them. A fact about the math, not about how buffers are stored.
+    nonnegative: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
     elementwise: bool = True
     batched: bool = False
@@ -131,6 +134,7 @@ class Chain(Transform):
         self.transforms = tuple(flat)
         self._names = _unique_names(self.transforms)
         self.state = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.state)
+        self.nonnegative = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.nonnegative)
         self.elementwise = all(t.elementwise for t in self.transforms)
         self.batched = any(t.batched for t in self.transforms)
         merged: dict[str, Hyper] = {}

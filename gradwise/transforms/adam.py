@@ -22,6 +22,7 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
 
     name = "adam"
     state = ("exp_avg", "exp_avg_sq")
+    nonnegative = ("exp_avg_sq",)
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
@@ -49,6 +50,7 @@ class scale_by_nadam(Transform):  # noqa: N801
 
     name = "nadam"
     state = ("exp_avg", "exp_avg_sq", "mu_product")
+    nonnegative = ("exp_avg_sq",)
     hyper = {
         "betas": Hyper((0.9, 0.999), betas_pair),
         "eps": Hyper(1e-8, positive),

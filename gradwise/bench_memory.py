@@ -1,0 +1,187 @@
+"""The memory benchmark: optimizer state bytes per parameter, and what the smaller state costs in loss.
+
+1. State bytes per parameter element of AdamW on a GPT-2-shaped set, per state format: predicted by
+   ``gradwise.estimate`` (nothing allocated) and, with ``--measure``, counted in ``optimizer.state``
+   after one real step.
+2. Quality: the mean final loss over seeds of AdamW with each state format against float32 on a
+   small MLP regression whose inputs carry large outlier features (features 0-3 scaled by 100, 50,
+   30 and 200): the case in which block-wise quantization of the second moment loses (an outlier
+   column shares every block of a row-major weight) and rank-1 normalization does not.
+
+Run as ``python bench/memory.py``; ``--help`` lists the options.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+FORMATS = ("fp32", "bf16", "int8", "int4")
+#: the quality task: inputs, outlier features and their scales.
+FEATURES, OUTLIERS = 32, (100.0, 50.0, 30.0, 200.0)
+
+
+def state_bytes_per_param(size: str, formats=FORMATS, measure: bool = False, log=print) -> list[dict]:
+    import torch
+
+    import gradwise
+    from gradwise.bench_step import SIZES, gpt2_shapes, state_bytes
+
+    shapes = gpt2_shapes(*SIZES[size])
+    rows = []
+    for fmt in formats:
+        meta = [(name, torch.empty(shape, device="meta")) for name, shape in shapes]
+        predicted = gradwise.estimate(meta, gradwise.AdamW, state=fmt)
+        row = {"format": fmt, "params": predicted.params, "predicted_bytes": predicted.total,
+               "predicted_per_param": predicted.bytes_per_param}
+        if measure:
+            log(f"one AdamW step with {fmt} state on {size}")
+            params = [(name, torch.nn.Parameter(torch.randn(shape) * 0.02)) for name, shape in shapes]
+            for _, p in params:
+                p.grad = torch.randn_like(p) * 1e-3
+            opt = gradwise.AdamW(params, lr=1e-3, state=fmt, compile=False)
+            start = time.perf_counter()
+            opt.step()
+            row.update(measured_bytes=state_bytes(opt), measured_per_param=state_bytes(opt) / predicted.params,
+                       eager_step_s=time.perf_counter() - start)
+            del opt, params
+        rows.append(row)
+    return rows
+
+
+def outlier_task(seed: int):
+    """Batches of the quality task: y = tanh(3 x_n w) + 0.1 sin(x_4) with x_n the input without its
+    outlier scales, so the outlier features matter no more than the others."""
+    import torch
+
+    scale = torch.ones(FEATURES)
+    scale[: len(OUTLIERS)] = torch.tensor(OUTLIERS)
+    teacher = torch.randn(FEATURES, 1, generator=torch.Generator().manual_seed(seed)) / FEATURES**0.5
+
+    def batch(step: int, size: int = 256):
+        x = torch.randn(size, FEATURES, generator=torch.Generator().manual_seed(seed * 100_000 + step)) * scale
+        return x, torch.tanh((x / scale) @ teacher * 3) + 0.1 * torch.sin(x[:, 4:5])
+
+    return batch
+
+
+def final_loss(state, seed: int, steps: int = 400, hidden: int = 256, lr: float = 1e-3, compile=False) -> float:
+    """Mean training loss of the last 20 steps of AdamW with ``state`` on the outlier task."""
+    import torch
+
+    import gradwise
+
+    batch = outlier_task(seed)
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden),
+                              torch.nn.GELU(), torch.nn.Linear(hidden, 1))
+    opt = gradwise.AdamW(net.parameters(), lr=lr, weight_decay=0.01, state=state, compile=compile)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return statistics.fmean(losses[-20:])
+
+
+def quality(formats=FORMATS, seeds=(0, 1, 2), steps=400, hidden=256, log=print) -> list[dict]:
+    rows = []
+    for fmt in formats:
+        log(f"quality: {fmt}, seeds {list(seeds)}")
+        losses = [final_loss(None if fmt == "fp32" else fmt, s, steps, hidden) for s in seeds]
+        rows.append({"format": fmt, "losses": losses, "mean": statistics.fmean(losses)})
+    base = next(r["mean"] for r in rows if r["format"] == "fp32")
+    for r in rows:
+        r["vs_fp32"] = r["mean"] / base
+    return rows
+
+
+def reference_distances(steps: int = 30, log=print) -> list[dict]:
+    """Distance to torch's float32 AdamW, relative to how far it moved, of 8-bit AdamWs stepped with
+    the same gradients on a 256x512 weight whose first four input columns get gradients 101 times
+    larger: ours, and torchao's and bitsandbytes' where they import and run on this machine."""
+    import importlib
+
+    import torch
+
+    import gradwise
+
+    shape, lr, wd = (256, 512), 1e-3, 0.01
+    init = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 0.02
+    makers = {"torch AdamW fp32": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)}
+    for fmt in ("int8", "int8-b256-block", "int8-b2048-block"):
+        makers[f"gradwise {fmt}"] = lambda p, fmt=fmt: gradwise.AdamW(p, lr=lr, weight_decay=wd, state=fmt, compile=False)
+    for module, attr, label in (("torchao.optim", "AdamW8bit", "torchao AdamW8bit"),
+                                ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes AdamW8bit")):
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except Exception as error:  # not installed, or no backend for this machine
+            log(f"{label}: not run ({type(error).__name__}: {error})")
+            continue
+        makers[label] = lambda p, cls=cls: cls(p, lr=lr, weight_decay=wd)
+    trajectories = {}
+    for label, make in makers.items():
+        p = torch.nn.Parameter(init.clone())
+        try:
+            opt = make([p])
+            out = []
+            for step in range(steps):
+                g = torch.randn(shape, generator=torch.Generator().manual_seed(step))
+                p.grad = g * (1 + 100 * (torch.arange(shape[1]) < 4))
+                opt.step()
+                out.append(p.detach().clone())
+        except Exception as error:
+            log(f"{label}: failed on this machine ({type(error).__name__}: {error})")
+            continue
+        trajectories[label] = out
+    reference = trajectories.pop("torch AdamW fp32")
+    rows = []
+    for label, out in trajectories.items():
+        distance = [float((a - b).norm() / (b - init).norm()) for a, b in zip(out, reference)]
+        rows.append({"optimizer": label, "step_1": distance[0], "step_10": distance[min(9, steps - 1)],
+                     "final": distance[-1]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
+    parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
+    parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
+                        help="comma-separated formats for the quality runs ('' skips them)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--references", action="store_true",
+                        help="also compare with torchao's and bitsandbytes' AdamW8bit where they run")
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
+    print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
+    print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+    for r in state_bytes_per_param(args.size, measure=args.measure, log=log):
+        measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
+        print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
+    formats = [f for f in args.quality_formats.split(",") if f]
+    if formats:
+        if "fp32" not in formats:
+            formats.insert(0, "fp32")
+        print(f"\nMean final loss (last 20 of {args.steps} steps) over {args.seeds} seeds, MLP with outlier features")
+        print(f"{'format':<20}{'mean':>10}{'vs fp32':>10}   per seed")
+        for r in quality(formats, tuple(range(args.seeds)), args.steps, log=log):
+            print(f"{r['format']:<20}{r['mean']:>10.5f}{r['vs_fp32']:>10.4f}   {[round(v, 5) for v in r['losses']]}")
+    if args.references:
+        print("\n8-bit AdamW, distance to torch's fp32 AdamW relative to its movement (outlier columns)")
+        print(f"{'optimizer':<28}{'step 1':>10}{'step 10':>10}{'step 30':>10}")
+        for r in reference_distances(log=log):
+            print(f"{r['optimizer']:<28}{r['step_1']:>10.2e}{r['step_10']:>10.2e}{r['final']:>10.2e}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

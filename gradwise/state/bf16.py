@@ -1,0 +1,52 @@
+"""bfloat16 storage with stochastic rounding on write.
+
+Round-to-nearest into bfloat16 loses an update smaller than half a unit in the last place of the
+stored value every single step: a second moment with b2 = 0.999 then stops moving. Stochastic
+rounding rounds up with probability equal to the dropped fraction, so the stored value is unbiased
+(Gupta et al., "Deep Learning with Limited Numerical Precision", ICML 2015; Zamirai et al., 2020).
+The random bits come from a counter-based hash of (element index, seed), and the optimizer's seed is
+a function of the step, the parameter's position and the buffer's name: a run is reproducible and a
+resumed run is bit-identical without saving any generator state, eager or compiled alike.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradwise.state.codec import Codec
+
+_MASK32 = 0xFFFFFFFF
+
+
+def hash32(index: Tensor, seed: Tensor) -> Tensor:
+    """A 32-bit integer hash of ``index ^ seed`` (int64 in, values in [0, 2^32) out): two rounds of
+    xor-shift-multiply, the multiplications kept below 2^63 so int64 arithmetic never overflows."""
+    h = (index ^ seed) & _MASK32
+    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
+    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
+    return (h >> 16) ^ h
+
+
+def round_to_bf16_stochastically(x: Tensor, seed: Tensor) -> Tensor:
+    """``x`` (float32) rounded to bfloat16, up or down with probabilities that make it unbiased.
+    NaN and inf pass through unchanged."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape)
+    noise = hash32(index, seed) & 0xFFFF
+    rounded = ((bits + noise) & ~0xFFFF).to(torch.int32).view(torch.float32)
+    return torch.where(torch.isfinite(x) & torch.isfinite(rounded), rounded, x).to(torch.bfloat16)
+
+
+class BF16(Codec):
+    """2 bytes per element; float32 values rounded stochastically to bfloat16."""
+
+    name = "bf16"
+
+    def empty(self, shape, signed, device):
+        return {"value": torch.zeros(shape, dtype=torch.bfloat16, device=device)}
+
+    def encode(self, x, parts, signed, seed):
+        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed))
+
+    def decode(self, parts, shape, signed, dtype):
+        return parts["value"].to(dtype)

@@ -1,0 +1,95 @@
+"""The codec protocol: how one state buffer is stored between steps, and the registry of codecs.
+
+A codec turns a float buffer shaped like its parameter into a few plain tensors (its *parts*) and
+back. The transforms never see it: the optimizer decodes every encoded buffer of a parameter into a
+float tensor before the chain runs and encodes the result after (in one compiled graph on the
+compiled path). Parts are plain tensors, so ``torch.save``/``torch.load(weights_only=True)`` and
+``state_dict()`` round trips carry them exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: block sizes must divide the eager path's piece and any power-of-two shard: powers of two in this range.
+MIN_BLOCK, MAX_BLOCK = 16, 1 << 16
+
+
+class Codec:
+    """Base class. ``signed=False`` tells a codec the buffer never holds negative values (a second
+    moment), which the integer codecs use to spend no code on negatives."""
+
+    name = "codec"
+
+    @property
+    def tag(self) -> str:
+        """Names the storage format in state keys (``"adam.exp_avg@int8-b2048.codes"``): the codec and
+        every parameter needed to decode it."""
+        return self.name
+
+    def empty(self, shape: torch.Size, signed: bool, device: torch.device) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor) -> None:
+        """Store ``x`` (float, shaped like the parameter) into ``parts`` in place. ``seed`` is a 0-d
+        int64 tensor, different every step and buffer, for codecs that round stochastically."""
+        raise NotImplementedError
+
+    def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype) -> Tensor:
+        raise NotImplementedError
+
+    def nbytes(self, shape: torch.Size, signed: bool) -> int:
+        """Bytes of the parts for a buffer of ``shape``, computed without allocating."""
+        parts = self.empty(torch.Size(shape), signed, torch.device("meta"))
+        return sum(p.numel() * p.element_size() for p in parts.values())
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is type(self) and other.tag == self.tag
+
+    def __hash__(self) -> int:
+        return hash(self.tag)
+
+    def __repr__(self) -> str:
+        return self.tag
+
+
+def check_block_size(argument: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_BLOCK <= value <= MAX_BLOCK \
+            or value & (value - 1):
+        raise ValueError(f"invalid {argument}={value!r}: expected a power of two from {MIN_BLOCK} to {MAX_BLOCK},"
+                         f" so that blocks divide the eager path's {MAX_BLOCK}-element pieces and power-of-two shards")
+    return value
+
+
+def n_blocks(numel: int, block: int) -> int:
+    return math.ceil(numel / block)
+
+
+def codec_from(spec: Any, argument: str = "state") -> Codec | None:
+    """A codec from a name (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``), a tag
+    (``"int8-b256"``), or a ``Codec``; ``None`` for float32 (the buffer is stored as it is)."""
+    from gradwise.state.bf16 import BF16
+    from gradwise.state.integer import Int4, Int8
+
+    if isinstance(spec, Codec):
+        return spec
+    if spec is None or spec in ("fp32", "float32"):
+        return None
+    names = {"bf16": BF16, "int8": Int8, "int4": Int4}
+    if isinstance(spec, str):
+        name, separator, rest = spec.partition("-b")
+        block, *options = rest.split("-")
+        if name in names and not separator:
+            return names[name]()
+        normalization = next((o for o in options if o in ("block", "rank1")), "default")
+        rounding = next((o for o in options if o in ("nearest", "stochastic")), "default")
+        if name in ("int8", "int4") and block.isdigit() and len(options) == (normalization != "default") + (rounding != "default"):
+            try:
+                return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
+            except ValueError as error:
+                raise ValueError(f"invalid {argument}={spec!r}: {error}") from None
+    raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4' (or a tag such as"
+                     " 'int8-b256', 'int4-b64-rank1-nearest'), a gradwise.state codec, or a StatePolicy")

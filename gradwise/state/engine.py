@@ -1,0 +1,143 @@
+"""What the optimizer does with encoded state: choose codecs, store fresh buffers, run steps, convert
+checkpoints. The core optimizer calls into ``EncodedState`` at four points and knows nothing else."""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from itertools import chain as chain_iterables
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from gradwise.core.params import DTensor, local
+from gradwise.core.transform import Transform, state_dtype
+from gradwise.state.codec import Codec, codec_from
+from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
+from gradwise.state.policy import StatePolicy, policy_from
+from gradwise.state.store import MARK, has_buffer, layout, parts_of, seed, store, stored_as, take
+
+
+class EncodedState:
+    """The optimizer's state policy at work. ``policy=None`` (no ``state=`` given) still reads and
+    converts encoded checkpoints, into plain float32 buffers."""
+
+    def __init__(self, policy: StatePolicy | None, transform: Transform):
+        self.policy = policy
+        self.transform = transform
+        self.nonnegative = frozenset(transform.nonnegative)
+        self._compiled: CompiledCodedStep | None = None
+        self._specs: dict[tuple, Specs] = {}
+
+    @classmethod
+    def from_argument(cls, state: Any, transform: Transform) -> "EncodedState":
+        return cls(policy_from(state), transform)
+
+    # ------------------------------------------------------------- decisions
+    def check(self, param_groups: list[dict[str, Any]]) -> None:
+        if self.policy is not None:
+            self.policy.check_matches([n for _, n, _ in _named(param_groups)])
+
+    def codec_for(self, p: Tensor, name: str | None) -> Codec | None:
+        return None if self.policy is None else self.policy.codec_for(name, p.shape)
+
+    # ------------------------------------------------------------- fresh state
+    def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
+             position: int) -> None:
+        codec = self.codec_for(p, name)
+        for buffer, value in fresh.items():
+            if has_buffer(state, buffer):
+                continue
+            encode = codec is not None and value.is_floating_point() and value.shape == p.shape
+            if encode and isinstance(p, DTensor):
+                raise NotImplementedError(
+                    f"parameter {name or position} is a DTensor: encoded state ({codec.tag}) is not yet supported"
+                    " for sharded parameters; keep it in float32 with a StatePolicy rule, e.g. rules={'.*': 'fp32'}")
+            store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative, seed(0, position, buffer))
+
+    @staticmethod
+    def is_encoded(state: Mapping[str, Tensor]) -> bool:
+        return bool(layout(tuple(state))[1])
+
+    # ------------------------------------------------------------- the step
+    def run(self, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int], values: Tensor,
+            layout_: Any, static: Mapping[str, Any], compiled: bool, fall_back: Callable[[Exception], None]) -> None:
+        """One step of every parameter in ``params`` (all with encoded state), one parameter at a time.
+        ``fall_back(error)`` is called when a compile fails: it re-raises, or the rest runs eagerly."""
+        for p, state, position in zip(params, states, positions):
+            plain_keys, encoded = layout(tuple(state))
+            specs = self._specs_for(encoded)
+            plain = {k: local(state[k]) for k in plain_keys if k != "step"}
+            parts = {buffer: parts_of(state, buffer, tag) for buffer, tag in encoded}
+            step = int(state["step"])
+            seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
+            args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static)
+            if compiled and p.numel() >= 2:
+                if self._compiled is None:
+                    self._compiled = CompiledCodedStep(self.transform)
+                try:
+                    self._compiled(*args)
+                    continue
+                except Exception as error:
+                    fall_back(error)
+                    compiled = False
+            coded_step(self.transform, *args)
+
+    def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
+        if encoded not in self._specs:
+            self._specs[encoded] = tuple((b, codec_from(tag), b not in self.nonnegative) for b, tag in encoded)
+        return self._specs[encoded]
+
+    @property
+    def compile_stats(self) -> tuple[int, float]:
+        c = self._compiled
+        return (0, 0.0) if c is None else (c.compiles, c.compile_seconds)
+
+    # ------------------------------------------------------------- checkpoints
+    def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+        """Put encoded parts back exactly as saved (torch.optim casts floating state to the parameter's
+        dtype), then convert every buffer whose stored format differs from this optimizer's policy."""
+        saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
+        conversions: Counter = Counter()
+        for saved_id, (p, name, position) in zip(saved_ids, _named(optimizer.param_groups)):
+            saved = state_dict["state"].get(saved_id)
+            if saved is None:
+                continue
+            state = optimizer.state[p]
+            for key, value in saved.items():
+                if MARK in key and isinstance(value, Tensor):
+                    state[key] = value.to(device=local(p).device, dtype=value.dtype, copy=True)
+            conversions.update(self._convert(state, p, name, position))
+        if conversions:
+            summary = ", ".join(f"{old} -> {new}: {n}" for (old, new), n in sorted(conversions.items()))
+            warnings.warn(f"gradwise: load_state_dict converted {sum(conversions.values())} state buffer(s) to this"
+                          f" optimizer's state policy ({summary}); the values are re-quantized, so this resume"
+                          " is not bit-identical", stacklevel=3)
+
+    def _convert(self, state: dict[str, Tensor], p: Tensor, name: str | None, position: int) -> list[tuple[str, str]]:
+        codec = self.codec_for(p, name)
+        done = []
+        for buffer in self.transform.state:
+            if not has_buffer(state, buffer):
+                continue
+            signed = buffer not in self.nonnegative
+            current = stored_as(state, buffer)
+            if buffer in state and state[buffer].shape != p.shape:
+                continue  # not shaped like the parameter: never encoded
+            wanted = codec.tag if codec is not None else str(state_dtype(p)).replace("torch.float", "fp")
+            if current == wanted:
+                continue
+            value = take(state, buffer, p.shape, signed, state_dtype(p))
+            store(state, buffer, value, codec, signed, seed(int(state.get("step", 0)), position, buffer))
+            done.append((current, wanted))
+        return done
+
+
+def _named(param_groups: list[dict[str, Any]]):
+    """(parameter, name or None, position) over every group, in order."""
+    position = 0
+    for group in param_groups:
+        names = group.get("param_names") or [None] * len(group["params"])
+        for p, name in zip(group["params"], names):
+            yield p, name, position
+            position += 1

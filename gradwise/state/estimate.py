@@ -1,0 +1,133 @@
+"""``gradwise.estimate``: the bytes an optimizer's state will take, before any of it is allocated.
+
+The optimizer is built on meta tensors shaped like the model's parameters (or an existing one is
+read), each transform's ``init`` runs on the meta device to give the buffers' shapes and dtypes, and
+the state policy's codec for each parameter says how many bytes each buffer takes when stored.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor
+
+#: the 0-d float32 step counter torch.optim keeps per parameter.
+STEP_BYTES = 4
+
+
+@dataclass
+class StateEstimate:
+    """Bytes of optimizer state: ``rows`` holds one dict per (group, format) with the buffers, the
+    parameter elements they belong to, and bytes; ``params`` counts parameter elements."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    params: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(r["bytes"] for r in self.rows)
+
+    @property
+    def bytes_per_param(self) -> float:
+        return self.total / max(self.params, 1)
+
+    def by(self, column: str) -> dict[Any, int]:
+        out: dict[Any, int] = defaultdict(int)
+        for r in self.rows:
+            out[r[column]] += r["bytes"]
+        return dict(out)
+
+    def table(self) -> str:
+        """A plain-text table: one line per group and format, then totals per format and overall."""
+        lines = [f"{'group':>5}  {'format':<22}{'buffers':>8}{'bytes':>16}{'bytes/param':>13}"]
+        for r in self.rows:
+            lines.append(f"{r['group']:>5}  {r['format']:<22}{r['buffers']:>8}{r['bytes']:>16,}"
+                         f"{r['bytes'] / max(self.params, 1):>13.4f}")
+        for fmt, nbytes in self.by("format").items():
+            lines.append(f"{'all':>5}  {fmt:<22}{'':>8}{nbytes:>16,}{nbytes / max(self.params, 1):>13.4f}")
+        lines.append(f"{'total':>5}  {'':<22}{'':>8}{self.total:>16,}{self.bytes_per_param:>13.4f}"
+                     f"   ({self.params:,} parameter elements)")
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def estimate(model: torch.nn.Module | Iterable[Any], optimizer_or_recipe: Any, **recipe_kwargs: Any) -> StateEstimate:
+    """Optimizer state bytes per format (codec or dtype), per param group and in total.
+
+    Args:
+        model: a module (its ``named_parameters()``), or what an optimizer takes as ``params``.
+        optimizer_or_recipe: a ``gradwise.Optimizer`` (read as it is configured), a recipe class or
+            any callable building one from params and ``recipe_kwargs`` (``gradwise.AdamW``), or a
+            recipe name (``"AdamW"``).
+        **recipe_kwargs: passed to the recipe, e.g. ``state="int8"``.
+    """
+    from gradwise.core.optimizer import Optimizer
+
+    if isinstance(optimizer_or_recipe, Optimizer):
+        if recipe_kwargs:
+            raise TypeError(f"estimate() got recipe keywords {sorted(recipe_kwargs)} with an optimizer instance;"
+                            " pass a recipe (e.g. gradwise.AdamW) to configure one")
+        return _estimate(optimizer_or_recipe)
+    recipe = _recipe(optimizer_or_recipe)
+    return _estimate(recipe(_meta_params(model), **recipe_kwargs))
+
+
+def _recipe(spec: Any) -> Callable[..., Any]:
+    import gradwise
+
+    if isinstance(spec, str):
+        recipe = getattr(gradwise.recipes, spec, None)
+        if recipe is None:
+            raise ValueError(f"invalid optimizer_or_recipe={spec!r}: expected one of {gradwise.recipes.__all__},"
+                             " a recipe class, or an optimizer")
+        return recipe
+    if callable(spec):
+        return spec
+    raise TypeError(f"invalid optimizer_or_recipe={spec!r}: expected a gradwise optimizer, recipe or recipe name")
+
+
+def _meta_params(model: Any) -> list[Any]:
+    """The model's parameters as meta tensors (names and groups kept), so nothing is allocated."""
+    def meta(p: Tensor) -> Tensor:
+        return torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True)
+
+    if isinstance(model, torch.nn.Module):
+        return [(n, meta(p)) for n, p in model.named_parameters()]
+    out = []
+    for item in model:
+        if isinstance(item, dict):
+            out.append({**item, "params": [(i[0], meta(i[1])) if isinstance(i, tuple) else meta(i)
+                                           for i in ([item["params"]] if isinstance(item["params"], Tensor)
+                                                     else item["params"])]})
+        elif isinstance(item, tuple):
+            out.append((item[0], meta(item[1])))
+        else:
+            out.append(meta(item))
+    return out
+
+
+def _estimate(optimizer: Any) -> StateEstimate:
+    engine, transform = optimizer._encoded, optimizer.transform
+    counts: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
+    params = 0
+    for index, group in enumerate(optimizer.param_groups):
+        names = group.get("param_names") or [None] * len(group["params"])
+        for p, name in zip(group["params"], names):
+            params += p.numel()
+            shape_param = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            codec = engine.codec_for(p, name)
+            for buffer, value in transform.init(shape_param, group).items():
+                if codec is not None and value.is_floating_point() and value.shape == p.shape:
+                    fmt, nbytes = codec.tag, codec.nbytes(value.shape, buffer not in engine.nonnegative)
+                else:
+                    fmt, nbytes = str(value.dtype).replace("torch.float", "fp"), value.numel() * value.element_size()
+                counts[(index, fmt)][0] += 1
+                counts[(index, fmt)][1] += nbytes
+            counts[(index, "step counters")][0] += 1
+            counts[(index, "step counters")][1] += STEP_BYTES
+    rows = [{"group": g, "format": f, "buffers": n, "bytes": b}
+            for (g, f), (n, b) in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] == "step counters"))]
+    return StateEstimate(rows, params)

@@ -1,0 +1,61 @@
+"""One step of a parameter whose state is encoded: decode, run the chain, encode, in one function.
+
+Eagerly, the function runs as written (one parameter at a time, so the float copies of the state
+exist for one parameter only). Compiled, ``torch.compile`` turns it into one graph per chain, codec
+layout and parameter rank: dequantization, the update and quantization fuse, and the float state is
+never written to memory. Shapes are dynamic after the first recompile (``dynamic=None``), as the
+rank-1 codec needs the parameter's rows and columns.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from gradwise.core.executor import _private_copy, run_chain
+from gradwise.core.transform import Transform, state_dtype
+from gradwise.state.codec import Codec
+
+logger = logging.getLogger("gradwise")
+
+#: (buffer, codec, signed) for each encoded buffer of a parameter, in a fixed order.
+Specs = tuple[tuple[str, Codec, bool], ...]
+
+
+def coded_step(transform: Transform, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+               parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static) -> None:
+    """``p <- p + chain(g)`` with the state in ``specs`` decoded from, and encoded back into, ``parts``."""
+    state = dict(plain)
+    dtype = state_dtype(param)
+    for buffer, codec, signed in specs:
+        state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype)
+    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static)
+    for i, (buffer, codec, signed) in enumerate(specs):
+        codec.encode(state[buffer], parts[buffer], signed, seeds[i])
+
+
+class CompiledCodedStep:
+    """``torch.compile`` of ``coded_step``, private to one optimizer, with its compiles counted."""
+
+    def __init__(self, transform: Transform):
+        self.transform = transform
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True)
+
+    def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compiles += 1
+        return compile_fx(gm, example_inputs)
+
+    def __call__(self, *args: Any) -> None:
+        before, start = self.compiles, time.perf_counter()
+        self._compiled(self.transform, *args)
+        if self.compiles != before:
+            seconds = time.perf_counter() - start
+            self.compile_seconds += seconds
+            logger.info("compiled %r with encoded state in %.2f s", self.transform, seconds)
