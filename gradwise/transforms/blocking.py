@@ -95,3 +95,15 @@ def block_groups(matrices: list[int], blockings: dict[int, Blocking], batch: boo
 def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
     """``stack`` (the members' blocks, concatenated) cut back into one piece per member."""
     return list(stack.split([k.stop - k.start for _, k in members]))
+
+
+def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> None:
+    """Shampoo's Kronecker statistics for stacked blocks ``grads``: L <- L + G G^T and R <- R + G^T G
+    (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages)."""
+    for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
+        for (i, k), piece in zip(members, pieces(outer, members)):
+            factor = state[f"factor_{side}"][i][k]
+            if weight is None:
+                factor.add_(piece)
+            else:
+                factor.lerp_(piece, weight)

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import inverse_roots
 
 GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
@@ -131,7 +131,8 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             graft = {i: blockings[i].split(directions[i]) for i in matrices}
             out = {i: torch.empty_like(graft[i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
-            self._accumulate(torch.cat([grads[i][k] for i, k in members]), members, state, ctx)
+            accumulate_factors(torch.cat([grads[i][k] for i, k in members]), members, state,
+                               None if ctx["sum_factors"] else ctx["one_minus_beta2"])
             if recompute:
                 self._refresh_roots(members, state, ctx)
             if not precondition:
@@ -148,16 +149,6 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             for i in matrices:
                 directions[i] = blockings[i].merge(out[i])
         return directions
-
-    @staticmethod
-    def _accumulate(grads: Tensor, members, state, ctx: Context) -> None:
-        for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
-            for (i, k), piece in zip(members, pieces(outer, members)):
-                factor = state[f"factor_{side}"][i][k]
-                if ctx["sum_factors"]:
-                    factor.add_(piece)
-                else:
-                    factor.lerp_(piece, ctx["one_minus_beta2"])
 
     def _refresh_roots(self, members, state, ctx: Context) -> None:
         for side in ("left", "right"):

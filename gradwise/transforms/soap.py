@@ -9,7 +9,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import eigenbases, keep_previous
 
 
@@ -93,7 +93,7 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             g = torch.cat([grads[i][k] for i, k in members])
             if first:
-                self._accumulate(g, members, state, ctx)
+                accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"])
                 self._eigenbases(members, state)
             ql, qr = (torch.cat([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
             rotated = ql.mT @ g @ qr
@@ -104,18 +104,12 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
                 result[i][k] = piece * ctx["step_scale"]
                 state["exp_avg_sq"][i][k].copy_(v_piece)
             if not first:
-                self._accumulate(g, members, state, ctx)
+                accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"])
             if refresh:
                 self._power_iteration(members, state)
         for i in matrices:
             out[i] = blockings[i].merge(result[i])
         return out
-
-    @staticmethod
-    def _accumulate(g: Tensor, members, state, ctx: Context) -> None:
-        for side, outer in (("left", g @ g.mT), ("right", g.mT @ g)):
-            for (i, k), piece in zip(members, pieces(outer, members)):
-                state[f"factor_{side}"][i][k].lerp_(piece, ctx["one_minus_shampoo_beta"])
 
     def _eigenbases(self, members, state) -> None:
         for side in ("left", "right"):
