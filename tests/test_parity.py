@@ -117,3 +117,16 @@ def test_compiled_groups_equal_eager(case: Case):
     else:
         assert holder[0].compile_stats["compiles"] >= 1
     assert_trajectories_close(compiled, eager, torch.float32, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", REFERENCED, ids=lambda c: c.name)
+def test_eager_pieces_match_reference(case: Case):
+    """A tensor larger than the eager path's piece (EAGER_CHUNK elements) is stepped piece by piece."""
+    from gradwise.core.eager import EAGER_CHUNK
+
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.randn(3, EAGER_CHUNK + 7, generator=gen, dtype=torch.float64).requires_grad_(),
+              torch.randn(5, generator=gen, dtype=torch.float64).requires_grad_()]
+    ours = run_bag(lambda p: case.ours(p, compile=False), _clone(params), torch.float64, 5)
+    theirs = run_bag(case.theirs, _clone(params), torch.float64, 5, reference=True)
+    assert_trajectories_close(ours, theirs, torch.float64)

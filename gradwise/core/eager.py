@@ -39,13 +39,17 @@ def run_eager(
         if not _sliceable(transform, p, g, state):
             whole.append(i)
             continue
-        flat_p, flat_g = _flat_alias(p), _flat_alias(g)
-        flat_state = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
-        for start in range(0, p.numel(), EAGER_CHUNK):
-            piece = slice(start, start + EAGER_CHUNK)
-            batch.append((flat_p[piece], flat_g[piece],
-                          {k: v[piece] if v.dim() == 1 and v.shape == flat_p.shape else v for k, v in flat_state.items()}))
-            size += batch[-1][0].numel()
+        if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
+            pieces = [(p, g, dict(state))]
+        else:
+            flat_p, flat_g = _flat_alias(p), _flat_alias(g)
+            flat_state = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
+            pieces = [(flat_p[piece], flat_g[piece],
+                       {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()})
+                      for piece in (slice(start, start + EAGER_CHUNK) for start in range(0, p.numel(), EAGER_CHUNK))]
+        for piece in pieces:
+            batch.append(piece)
+            size += piece[0].numel()
             if size >= EAGER_CHUNK:
                 _run_batch(transform, batch, values, layout, static)
                 batch, size = [], 0
