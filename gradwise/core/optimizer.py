@@ -20,8 +20,8 @@ from torch import Tensor
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
-from gradwise.core.params import DTensor, any_rank, check_new_group, local, param_label
-from gradwise.core.transform import Transform, chain, state_dtype
+from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
+from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState
 from gradwise.state.store import has_buffer
 
@@ -112,7 +112,7 @@ class Optimizer(torch.optim.Optimizer):
         for key in self.hyper_specs:
             if key in param_group:
                 self.hyper_specs[key].validate(key, param_group[key])
-        _check_disjoint(param_group, index, getattr(self, "param_groups", []))
+        check_disjoint(param_group, index, getattr(self, "param_groups", []))
         for group in self.transform.split_group(param_group):  # one group, or one per route
             super().add_param_group(group)
 
@@ -178,7 +178,7 @@ class Optimizer(torch.optim.Optimizer):
         return self.train(False)
 
     def _has_modes(self) -> bool:
-        return any(type(t).set_mode is not Transform.set_mode for _, t in self.transform.links())
+        return uses(self.transform, "set_mode")
 
     # ----------------------------------------------------------------- the step
     @torch.no_grad()
@@ -206,7 +206,7 @@ class Optimizer(torch.optim.Optimizer):
     def _must_skip(self, work) -> bool:
         grads = [local(p.grad) for _, params in work for p in params]
         flag = self.transform.skip_step(grads) if grads else None
-        if any(type(t).skip_step is not Transform.skip_step for _, t in self.transform.links()):
+        if uses(self.transform, "skip_step"):
             # each rank of a sharded (DTensor) model checks only its own shards: skip on all or none
             flag = any_rank(flag, [p for group in self.param_groups for p in group["params"]])
         return bool(flag) if flag is not None else False
@@ -218,7 +218,7 @@ class Optimizer(torch.optim.Optimizer):
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
         transform = self.transform.for_group(group)
-        advances = any(type(t).advance is not Transform.advance for _, t in transform.links())
+        advances = uses(transform, "advance")
         # A failed step changes nothing in this bucket: counters, the scalar state that advance()
         # writes and newly created state are put back (param-shaped state is written only by a
         # graph that compiled, on copies first, so a compile failure never reaches it).
@@ -256,8 +256,9 @@ class Optimizer(torch.optim.Optimizer):
             raise NotImplementedError("encoded state (state=...) does not yet work with route(); keep routed "
                                       "optimizers in float32 state")
         if encoded:
-            self._encoded.run([params[i] for i in sorted(encoded)], [states[i] for i in sorted(encoded)],
-                              [self._position(params[i]) for i in sorted(encoded)], values, layout, static,
+            order = sorted(encoded)
+            self._encoded.run([params[i] for i in order], [states[i] for i in order],
+                              [self._position(params[i]) for i in order], values, layout, static,
                               compiled=self._runner(transform) is not None, fall_back=self._fall_back)
             params = [p for i, p in enumerate(params) if i not in encoded]
             states = [s for i, s in enumerate(states) if i not in encoded]
@@ -345,16 +346,6 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
-
-
-def _check_disjoint(group: dict[str, Any], index: int, groups: list[dict[str, Any]]) -> None:
-    """Reject a parameter that an earlier group already holds, naming both places."""
-    owner = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
-    for j, item in enumerate(group["params"]):
-        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
-        if id(p) in owner:
-            label = f"param_groups[{index}]['params'][{j}]" + (f" ({name!r})" if name else "")
-            raise ValueError(f"{label} is already in param_groups[{owner[id(p)]}]; a parameter belongs to one group")
 
 
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:

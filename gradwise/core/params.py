@@ -27,9 +27,7 @@ def check_new_group(group: dict[str, Any], index: int) -> None:
         params = list(params)
     group["params"] = params
     seen: dict[int, str] = {}
-    for j, item in enumerate(params):
-        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
-        label = f"param_groups[{index}]['params'][{j}]" + (f" ({name!r})" if name else "")
+    for label, p in _labelled(params, index):
         if not isinstance(p, Tensor):
             raise TypeError(f"{label} is a {type(p).__name__}; expected a torch.Tensor")
         if not p.is_leaf:
@@ -42,6 +40,21 @@ def check_new_group(group: dict[str, Any], index: int) -> None:
         seen[id(p)] = label
         if not (p.is_floating_point() or p.is_complex()):
             raise TypeError(f"{label} has dtype {p.dtype}; gradwise optimizes floating-point or complex tensors")
+
+
+def check_disjoint(group: dict[str, Any], index: int, groups: list[dict[str, Any]]) -> None:
+    """Reject a parameter that an earlier group already holds, naming both places."""
+    owner = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+    for label, p in _labelled(group["params"], index):
+        if id(p) in owner:
+            raise ValueError(f"{label} is already in param_groups[{owner[id(p)]}]; a parameter belongs to one group")
+
+
+def _labelled(params: list[Any], index: int):
+    """``(label, tensor)`` for each entry of a group's params, plain or ``(name, tensor)``."""
+    for j, item in enumerate(params):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
+        yield f"param_groups[{index}]['params'][{j}]" + (f" ({name!r})" if name else ""), p
 
 
 def param_label(group: dict[str, Any], p: Tensor, index: int) -> str:

@@ -152,7 +152,7 @@ class Chain(Transform):
         return list(zip(self._names, self.transforms))
 
     def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
-        splitters = [t for t in self.transforms if type(t).split_group is not Transform.split_group]
+        splitters = [t for t in self.transforms if overrides(t, "split_group")]
         if len(splitters) > 1:
             raise ValueError(f"{self!r} holds more than one route(); give one route() all the routes instead")
         return splitters[0].split_group(group) if splitters else [group]
@@ -178,7 +178,7 @@ class Chain(Transform):
 
     def advance(self, state: Mapping[str, Tensor], hyper: Mapping[str, Any], scalars: Mapping[str, float]) -> None:
         for name, t in self.links():
-            if type(t).advance is not Transform.advance:
+            if overrides(t, "advance"):
                 t.advance(_strip(name, state), hyper, _strip(name, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
@@ -190,7 +190,7 @@ class Chain(Transform):
 
     def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
         for name, t in self.links():
-            if type(t).set_mode is not Transform.set_mode:
+            if overrides(t, "set_mode"):
                 t.set_mode(mode, param, _strip(name, state), group)
 
     def skip_step(self, grads: list[Tensor]) -> Tensor | None:
@@ -201,6 +201,17 @@ class Chain(Transform):
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def overrides(transform: Transform, hook: str) -> bool:
+    """Whether ``transform`` implements ``hook`` (``"advance"``, ``"set_mode"``, ...) itself rather than
+    inheriting the base class's no-op."""
+    return getattr(type(transform), hook) is not getattr(Transform, hook)
+
+
+def uses(transform: Transform, hook: str) -> bool:
+    """Whether any link of ``transform`` implements ``hook``."""
+    return any(overrides(t, hook) for _, t in transform.links())
 
 
 def _strip(namespace: str, entries: Mapping[str, Any]) -> dict[str, Any]:
