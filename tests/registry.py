@@ -89,8 +89,6 @@ CASES = [
          compiles=False),
     Case("soap", gradwise.SOAP, None, dict(lr=0.01, precondition_frequency=2, max_precond_dim=8), compiles=False),
     Case("adafactor", gradwise.Adafactor, _adafactor, dict(lr=0.01, weight_decay=0.1, d=1.5)),
-    Case("adafactor-eps-foreach", gradwise.Adafactor, _adafactor,
-         dict(lr=0.05, beta2_decay=-0.5, eps=(1e-3, 1e-2), foreach=True)),
     Case("came", gradwise.CAME, _came, dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),
     Case("adam-mini", gradwise.AdamMini, None, dict(lr=0.01, weight_decay=0.1)),  # adam-mini: tests/test_adam_mini.py
 ]

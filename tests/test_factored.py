@@ -100,18 +100,54 @@ def test_bad_value_between_steps_fails_the_step_and_changes_nothing():
         assert torch.equal(p, b) and all(torch.equal(opt.state[p][k], v) for k, v in st.items())
 
 
+@pytest.fixture(scope="module")
+def one_rank_mesh():
+    dist = pytest.importorskip("torch.distributed")
+    if not (dist.is_available() and dist.is_gloo_available()) or dist.is_initialized():
+        pytest.skip("needs torch.distributed with gloo and no process group yet")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("recipe", [gradwise.Adafactor, gradwise.CAME, gradwise.AdamMini])
-def test_not_elementwise_so_fsdp2_refuses_them(recipe):
-    assert not recipe(_params(), lr=1e-3).transform.elementwise
+def test_sharded_parameters_raise_and_change_nothing(recipe, one_rank_mesh):
+    """Under FSDP2 a parameter is a DTensor holding one shard of its rows: these recipes need whole
+    rows and columns, so the step raises instead of factoring a shard."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    p = torch.nn.Parameter(distribute_tensor(torch.randn(4, 3), one_rank_mesh, [Shard(0)]))
+    p.grad = distribute_tensor(torch.randn(4, 3), one_rank_mesh, [Shard(0)])
+    before = p.detach().full_tensor().clone()
+    opt = recipe([p], lr=1e-3, compile=False)
+    with pytest.raises(NotImplementedError, match="needs whole tensors"):
+        opt.step()
+    assert torch.equal(p.detach().full_tensor(), before) and not opt.state[p]
 
 
-def test_adafactor_maximize_matches_torch():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("kwargs", [dict(lr=0.01, maximize=True, weight_decay=0.05),
+                                    dict(lr=0.05, beta2_decay=-0.5, eps=(1e-3, 1e-2), foreach=True)],
+                         ids=["maximize", "eps-decay-foreach"])
+def test_adafactor_options_match_torch(kwargs, dtype):
+    """More of torch.optim.Adafactor's options than the registry's case (tests/registry.py) covers."""
     from tests.models import bag_of_tensors
     from tests.registry import _adafactor
     from tests.test_parity import _clone, assert_trajectories_close, run_bag
 
-    params = bag_of_tensors(torch.float64)
-    kwargs = dict(lr=0.01, maximize=True, weight_decay=0.05)
-    ours = run_bag(lambda p: gradwise.Adafactor(p, compile=False, **kwargs), _clone(params), torch.float64, 10)
-    theirs = run_bag(lambda p: _adafactor(p, **kwargs), _clone(params), torch.float64, 10, reference=True)
-    assert_trajectories_close(ours, theirs, torch.float64)
+    params = bag_of_tensors(dtype)
+    ours = run_bag(lambda p: gradwise.Adafactor(p, compile=False, **kwargs), _clone(params), dtype)
+    theirs = run_bag(lambda p: _adafactor(p, **kwargs), _clone(params), dtype, reference=True)
+    assert_trajectories_close(ours, theirs, dtype)
+
+
+def test_cli_estimates_the_recipes(capsys):
+    from gradwise.cli import main
+
+    assert main(["estimate", "--size", "tiny", "--recipe", "Adafactor"]) == 0
+    out = capsys.readouterr().out
+    assert "Adafactor" in out and "fp32" in out and "total" in out
