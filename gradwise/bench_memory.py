@@ -78,6 +78,16 @@ def recipe_state_bytes(size: str, measure: bool = False, log=print) -> list[dict
             row["measured_per_param"] = state_bytes(opt) / predicted.params
             del opt, params
         rows.append(row)
+    if measure:  # the reference, measured the same way
+        log(f"one torch.optim.Adafactor step on {size}")
+        params = [torch.nn.Parameter(torch.randn(shape) * 0.02) for _, shape in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt = torch.optim.Adafactor(params)
+        opt.step()
+        held = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+        rows.append({"recipe": "torch.optim.Adafactor", "predicted_per_param": float("nan"),
+                     "measured_per_param": held / sum(p.numel() for p in params)})
     return rows
 
 
@@ -182,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
     parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated AdamW state formats ('' skips)")
     parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
                         help="comma-separated formats for the quality runs ('' skips them)")
     parser.add_argument("--steps", type=int, default=400)
@@ -195,14 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
     print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
     print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
-    for r in state_bytes_per_param(args.size, measure=args.measure, log=log):
+    formats = tuple(f for f in args.formats.split(",") if f)
+    for r in state_bytes_per_param(args.size, formats, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
         print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
     print(f"\nMemory-lean recipes, state bytes per parameter element, {args.size} GPT-2 set (fp32 state)")
-    print(f"{'recipe':<12}{'predicted':>12}{'measured':>12}")
+    print(f"{'recipe':<24}{'predicted':>12}{'measured':>12}")
     for r in recipe_state_bytes(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}" if "measured_per_param" in r else ""
-        print(f"{r['recipe']:<12}{r['predicted_per_param']:>12.4f}{measured}")
+        print(f"{r['recipe']:<24}{r['predicted_per_param']:>12.4f}{measured}")
     formats = [f for f in args.quality_formats.split(",") if f]
     if formats:
         if "fp32" not in formats:

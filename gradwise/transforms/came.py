@@ -53,7 +53,7 @@ class scale_by_came_rms(scale_by_factored_rms):  # noqa: N801 - transforms are n
     def square(self, u: Tensor, ctx: Context) -> Tensor:
         return u * u + ctx["eps"][0]
 
-    def floor(self, u: Tensor, ctx: Context) -> Any:
+    def floor(self, p: Tensor, ctx: Context) -> Any:
         return 0.0
 
 

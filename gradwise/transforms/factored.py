@@ -36,10 +36,11 @@ def factored_buffers(param: Tensor, row: str, col: str, full: str | None = None)
 
 
 def accumulate(square: Tensor, row: Tensor, col: Tensor, full: Tensor, weight: Any) -> None:
-    """row, col (or full) <- their running means, moved toward ``square`` by ``weight`` (lerp)."""
+    """row and col (fewer than two dimensions: full) <- their running means, moved toward the means
+    of ``square`` by ``weight`` (lerp)."""
     if square.numel() == 0:  # an empty tensor has no rows or columns to average (a mean would be NaN)
         return
-    if full.numel() or square.dim() < 2:
+    if square.dim() < 2:
         full.lerp_(square, weight)
         return
     row.lerp_(square.mean(dim=-1, keepdim=True), weight)
@@ -48,7 +49,7 @@ def accumulate(square: Tensor, row: Tensor, col: Tensor, full: Tensor, weight: A
 
 def inverse_root(row: Tensor, col: Tensor, full: Tensor, shape: torch.Size, floor: Any) -> Tensor:
     """1 / sqrt(max(V, floor^2)) with V = R C / max(mean(R), floor) (factored) or V = full."""
-    if full.numel() or len(shape) < 2:
+    if len(shape) < 2:
         estimate = full
     else:
         estimate = (row * col) / row.mean(dim=-2, keepdim=True).clamp(min=floor)
@@ -109,24 +110,21 @@ class scale_by_factored_rms(Transform):  # noqa: N801 - transforms are named lik
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         out = []
-        for u, row, col, full in zip(updates, *(state[k] for k in self.state)):
-            accumulate(self.square(u, ctx), row, col, full, self.weight(ctx))
-            out.append(u * inverse_root(row, col, full, u.shape, self.floor(u, ctx)))
+        for u, p, row, col, full in zip(updates, ctx.params, *(state[k] for k in self.state)):
+            accumulate(self.square(u, ctx), row, col, full, ctx["one_minus_beta2"])
+            out.append(u * inverse_root(row, col, full, u.shape, self.floor(p, ctx)))
         return out
 
-    # the three places where Adafactor and CAME differ (``scale_by_came_rms`` overrides them)
+    # where Adafactor and CAME differ, besides the decay (``scale_by_came_rms`` overrides both)
     def square(self, u: Tensor, ctx: Context) -> Tensor:
         """What the moments average: u^2."""
         return u * u
 
-    def weight(self, ctx: Context) -> Any:
-        """How far the moments move toward it this step: 1 - b_t = t^beta2_decay."""
-        return ctx["one_minus_beta2"]
-
-    def floor(self, u: Tensor, ctx: Context) -> Any:
-        """The lower bound of mean(R) and of sqrt(V): eps1, or the dtype's machine epsilon."""
+    def floor(self, p: Tensor, ctx: Context) -> Any:
+        """The lower bound of mean(R) and of sqrt(V): eps1, or the machine epsilon of the parameter's
+        dtype (as torch.optim.Adafactor)."""
         eps1 = ctx["eps"][0]
-        return torch.finfo(u.dtype).eps if eps1 is None else eps1
+        return torch.finfo(p.dtype).eps if eps1 is None else eps1
 
 
 class clip_by_block_rms(Transform):  # noqa: N801
