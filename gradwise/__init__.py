@@ -24,6 +24,7 @@ from gradwise.recipes import (
     Shampoo,
     schedule_free,
 )
+from gradwise.recipes import CAME, Adafactor, AdamMini
 from gradwise.state import StatePolicy
 from gradwise.state.estimate import estimate
 from gradwise.transforms import (
@@ -54,3 +55,4 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
+__all__ += ["CAME", "Adafactor", "AdamMini"]

@@ -1,8 +1,8 @@
 """The memory benchmark: optimizer state bytes per parameter, and what the smaller state costs in loss.
 
-1. State bytes per parameter element of AdamW on a GPT-2-shaped set, per state format: predicted by
-   ``gradwise.estimate`` (nothing allocated) and, with ``--measure``, counted in ``optimizer.state``
-   after one real step.
+1. State bytes per parameter element of AdamW on a GPT-2-shaped set, per state format, and of the
+   memory-lean recipes (Adafactor, CAME, AdamMini) in fp32: predicted by ``gradwise.estimate``
+   (nothing allocated) and, with ``--measure``, counted in ``optimizer.state`` after one real step.
 2. Quality: the mean final loss over seeds of AdamW with each state format against float32 on a
    small MLP regression whose inputs carry large outlier features (features 0-3 scaled by 100, 50,
    30 and 200): the case in which block-wise quantization of the second moment loses (an outlier
@@ -47,6 +47,47 @@ def state_bytes_per_param(size: str, formats=FORMATS, measure: bool = False, log
                        eager_step_s=time.perf_counter() - start)
             del opt, params
         rows.append(row)
+    return rows
+
+
+#: the memory-lean recipes: name -> keyword arguments on the GPT-2 set (AdamMini: GPT-2's width and heads).
+LEAN_RECIPES = {"Adafactor": {}, "CAME": {"lr": 2e-4}, "AdamMini": {"dim": 768, "n_heads": 12}}
+
+
+def recipe_state_bytes(size: str, measure: bool = False, log=print) -> list[dict]:
+    """State bytes per parameter element of each recipe in ``LEAN_RECIPES`` (fp32 state), as above."""
+    import torch
+
+    import gradwise
+    from gradwise.bench_step import SIZES, gpt2_shapes, state_bytes
+
+    shapes = gpt2_shapes(*SIZES[size])
+    rows = []
+    for name, kwargs in LEAN_RECIPES.items():
+        recipe = getattr(gradwise, name)
+        meta = [(n, torch.empty(shape, device="meta")) for n, shape in shapes]
+        predicted = gradwise.estimate(meta, recipe, **kwargs)
+        row = {"recipe": name, "predicted_per_param": predicted.bytes_per_param}
+        if measure:
+            log(f"one {name} step on {size}")
+            params = [(n, torch.nn.Parameter(torch.randn(shape) * 0.02)) for n, shape in shapes]
+            for _, p in params:
+                p.grad = torch.randn_like(p) * 1e-3
+            opt = recipe(params, compile=False, **kwargs)
+            opt.step()
+            row["measured_per_param"] = state_bytes(opt) / predicted.params
+            del opt, params
+        rows.append(row)
+    if measure:  # the reference, measured the same way
+        log(f"one torch.optim.Adafactor step on {size}")
+        params = [torch.nn.Parameter(torch.randn(shape) * 0.02) for _, shape in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt = torch.optim.Adafactor(params)
+        opt.step()
+        held = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+        rows.append({"recipe": "torch.optim.Adafactor", "predicted_per_param": float("nan"),
+                     "measured_per_param": held / sum(p.numel() for p in params)})
     return rows
 
 
@@ -151,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
     parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated AdamW state formats ('' skips)")
     parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
                         help="comma-separated formats for the quality runs ('' skips them)")
     parser.add_argument("--steps", type=int, default=400)
@@ -164,9 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
     print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
     print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
-    for r in state_bytes_per_param(args.size, measure=args.measure, log=log):
+    formats = tuple(f for f in args.formats.split(",") if f)
+    for r in state_bytes_per_param(args.size, formats, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
         print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
+    print(f"\nMemory-lean recipes, state bytes per parameter element, {args.size} GPT-2 set (fp32 state)")
+    print(f"{'recipe':<24}{'predicted':>12}{'measured':>12}")
+    for r in recipe_state_bytes(args.size, measure=args.measure, log=log):
+        measured = f"{r['measured_per_param']:>12.4f}" if "measured_per_param" in r else ""
+        print(f"{r['recipe']:<24}{r['predicted_per_param']:>12.4f}{measured}")
     formats = [f for f in args.quality_formats.split(",") if f]
     if formats:
         if "fp32" not in formats:

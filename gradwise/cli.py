@@ -84,7 +84,9 @@ def _estimate(args) -> int:
     params = [(name, torch.empty(shape, device="meta")) for name, shape in gpt2_shapes(*SIZES[args.size])]
     try:
         policy = gradwise.StatePolicy(args.state, rules={args.fp32: "fp32"} if args.fp32 else {})
-        result = gradwise.estimate(params, args.recipe, state=policy)
+        # recipes without state= (Adafactor, CAME, AdamMini) are estimated in float32 when no format is asked for
+        plain = args.state == "fp32" and not args.fp32
+        result = gradwise.estimate(params, args.recipe, **({} if plain else {"state": policy}))
     except (ValueError, TypeError) as error:
         print(f"gradwise estimate: {error}", file=sys.stderr)
         return 2

@@ -55,6 +55,18 @@ def _ranger21(params, **kwargs):
     return Ranger21(params, foreach=False, **kwargs)
 
 
+def _adafactor(params, **kwargs):
+    # torch.optim.Adafactor divides by sqrt(numel) in Python: an empty tensor raises ZeroDivisionError
+    # there (ours leaves it alone), so the reference gets the non-empty ones
+    return torch.optim.Adafactor([p for p in params if p.numel()], **kwargs)
+
+
+def _came(params, **kwargs):
+    from came_pytorch import CAME
+
+    return CAME(params, **kwargs)
+
+
 CASES = [
     Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
     Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
@@ -76,6 +88,9 @@ CASES = [
     Case("shampoo", gradwise.Shampoo, None, dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8),
          compiles=False),
     Case("soap", gradwise.SOAP, None, dict(lr=0.01, precondition_frequency=2, max_precond_dim=8), compiles=False),
+    Case("adafactor", gradwise.Adafactor, _adafactor, dict(lr=0.01, weight_decay=0.1, d=1.5)),
+    Case("came", gradwise.CAME, _came, dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),
+    Case("adam-mini", gradwise.AdamMini, None, dict(lr=0.01, weight_decay=0.1)),  # adam-mini: tests/test_adam_mini.py
 ]
 
 #: the cases with a reference optimizer to compare against step by step
@@ -84,7 +99,7 @@ REFERENCED = [c for c in CASES if c.reference is not None]
 RECIPES = list(dict.fromkeys(c.recipe for c in CASES))
 
 #: keyword arguments a recipe cannot do without (Ranger21's lr and step budget), for generic tests.
-REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100)}
+REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100), gradwise.CAME: dict(lr=1e-3)}
 
 
 def build(recipe, params, **kwargs):

@@ -85,6 +85,8 @@ class Transform:
 
         ``update`` may only write state shaped like the parameter: that is what lets the executor
         run it on any slicing of the parameter (eager pieces, flat views) without repeating a write.
+        A transform that is not ``elementwise`` always sees whole tensors, so its ``update`` may write
+        any of its state (Shampoo's factors, Adafactor's row and column means).
         """
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:

@@ -1,5 +1,8 @@
 """Named optimizers, each a short chain of transforms."""
+from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
+from gradwise.recipes.adam_mini import AdamMini
+from gradwise.recipes.came import CAME
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.muon import Muon
@@ -12,3 +15,4 @@ from gradwise.recipes.soap import SOAP
 
 __all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
+__all__ += ["CAME", "Adafactor", "AdamMini"]

@@ -1,6 +1,14 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
 from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
+from gradwise.transforms.adam_mini import scale_by_adam_mini
+from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
+from gradwise.transforms.factored import (
+    clip_by_block_rms,
+    scale_by_factored_rms,
+    scale_by_param_block_rms,
+    scale_by_relative_step,
+)
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
@@ -42,3 +50,5 @@ __all__ = [
     "trace",
     "trace_ema",
 ]
+__all__ += ["clip_by_block_rms", "scale_by_adam_mini", "scale_by_came_rms", "scale_by_confidence",
+            "scale_by_factored_rms", "scale_by_param_block_rms", "scale_by_relative_step"]

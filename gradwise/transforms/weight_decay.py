@@ -13,13 +13,22 @@ class add_decayed_weights(Transform):  # noqa: N801
     Placed before a preconditioner it is L2 regularization (Adam, SGD); placed after it, just before
     ``scale_by_learning_rate``, it is decoupled weight decay (AdamW; Loshchilov & Hutter, 2019,
     arXiv:1711.05101): p <- p - lr (u + wd p).
+
+    ``after_lr=True``: u <- u - lr wd p, placed after a step size that is not ``lr`` (Adafactor's
+    relative step), whose link declares ``lr``.
     """
 
     name = "weight_decay"
     hyper = {"weight_decay": Hyper(0.0, non_negative, zero_is_identity=True)}
 
+    def __init__(self, after_lr: bool = False):
+        self.after_lr = after_lr
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         if not ctx.active("weight_decay"):
             return updates
-        wd = ctx["weight_decay"]
+        wd = -ctx["lr"] * ctx["weight_decay"] if self.after_lr else ctx["weight_decay"]
         return [u + p * wd for u, p in zip(updates, ctx.params)]
+
+    def __repr__(self) -> str:
+        return "add_decayed_weights(after_lr=True)" if self.after_lr else "add_decayed_weights()"

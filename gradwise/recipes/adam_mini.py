@@ -1,0 +1,70 @@
+"""Adam-mini, with the partition of the authors' adam-mini where parameters are named."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from gradwise.core.optimizer import Optimizer
+from gradwise.core.transform import chain
+from gradwise.transforms.adam_mini import by_shape, scale_by_adam_mini
+from gradwise.transforms.learning_rate import scale_by_learning_rate
+from gradwise.transforms.weight_decay import add_decayed_weights
+
+#: adam-mini 1.1.1's name fragments (matched in the lowercased parameter name)
+QUERY_KEY = ("k_proj", "q_proj", "wq", "wk", "query", "key")
+ROWS = ("embed", "embd", "wte", "lm_head", "output", "final_layer", "v_proj", "wv", "value", "o_proj", "wo",
+        "attn.proj", "feed_forward", "linear", "mlp")
+NO_DECAY = ("norm", "ln", "bias")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+
+
+class AdamMini(Optimizer):
+    """Adam-mini (Zhang et al., 2024, arXiv:2406.16793): AdamW whose second moment is one number per
+    block of each parameter (``scale_by_adam_mini``), with adam-mini's ``Adam_mini`` arguments
+    (``named_parameters``, ``dim``, ``n_heads``, ``n_kv_heads``) and defaults.
+
+    Blocks, by ``rule(name, param)``; the default follows adam-mini where parameters are named:
+    ``bias`` -> every element (Adam); queries and keys (``q_proj``, ``wq``, ``query``, ...) -> one block
+    per attention head (dim * dim / n_heads elements); embeddings, output head, values, attention
+    output and MLP matrices -> one block per row (per token for embeddings and heads, per output neuron
+    otherwise); anything else -> one block per row for two or more dimensions, the whole tensor below
+    (adam-mini takes the whole tensor for an unrecognized matrix too, and warns that it can be
+    unstable). Unnamed parameters go by shape alone. Names holding ``norm``, ``ln`` or ``bias`` get no
+    weight decay, as in adam-mini. A param group with ``"blocks"`` set keeps it for all its members.
+    """
+
+    def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
+                 dim=2048, n_heads=32, n_kv_heads=None, rule=None, maximize=False, skip_nonfinite=False,
+                 compile="auto"):
+        _positive_int("dim", dim)
+        _positive_int("n_heads", n_heads)
+        if n_kv_heads is not None:
+            _positive_int("n_kv_heads", n_kv_heads)
+            if n_heads % n_kv_heads:
+                raise ValueError(f"invalid n_kv_heads={n_kv_heads!r}: expected a divisor of n_heads={n_heads}")
+        if (dim * dim) % n_heads:
+            raise ValueError(f"invalid n_heads={n_heads!r}: dim * dim = {dim * dim} must divide into n_heads blocks")
+        self.dim, self.n_heads, self.n_kv_heads = dim, n_heads, n_kv_heads or n_heads
+        head_numel = dim * dim // n_heads
+
+        def by_name(name: str | None, param: Tensor) -> Any:
+            if name is None:
+                return by_shape(name, param)
+            name = name.lower()
+            if "bias" in name:
+                return "element"
+            if any(word in name for word in QUERY_KEY):
+                return head_numel
+            if param.dim() >= 2 and any(word in name for word in ROWS):
+                return "row"
+            return by_shape(name, param)
+
+        adam_mini = scale_by_adam_mini(rule or by_name, no_decay=lambda name: any(w in name.lower() for w in NO_DECAY))
+        super().__init__(named_parameters, chain(adam_mini, add_decayed_weights(), scale_by_learning_rate()),
+                         lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                         skip_nonfinite=skip_nonfinite, compile=compile)

@@ -1,0 +1,175 @@
+"""Factored second moments (Shazeer & Stern, 2018, arXiv:1804.04235, "Adafactor") and the block-RMS
+transforms Adafactor's step is made of.
+
+A tensor of two or more dimensions, seen as a stack of (rows, cols) matrices over its last two
+dimensions, keeps a running mean of its squares per row, R (..., rows, 1), and per column,
+C (..., 1, cols): rows + cols numbers per matrix instead of rows * cols. The second moment is
+estimated as their rank-1 product, V = R C / mean(R). A tensor of fewer dimensions keeps the full
+running mean. The row and column factors are not shaped like the parameter, so these transforms are
+not elementwise: the optimizer runs them on whole tensors (eagerly, or compiled one parameter at a
+time), where ``update`` may write such state.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, non_negative
+from gradwise.core.transform import Context, Transform, state_dtype
+
+
+def factored_buffers(param: Tensor, row: str, col: str, full: str | None = None) -> dict[str, Tensor]:
+    """Zeroed buffers for ``param``: ``row`` (..., rows, 1) and ``col`` (..., 1, cols) for two or more
+    dimensions, else empty ones and, if ``full`` is named, a buffer shaped like ``param`` (empty for
+    two or more dimensions)."""
+    dtype, device = state_dtype(param), param.device
+    factored = param.dim() >= 2
+    shape = list(param.shape)
+    out = {row: torch.zeros(shape[:-1] + [1] if factored else [0], dtype=dtype, device=device),
+           col: torch.zeros(shape[:-2] + [1, shape[-1]] if factored else [0], dtype=dtype, device=device)}
+    if full is not None:
+        out[full] = torch.zeros(0, dtype=dtype, device=device) if factored else torch.zeros_like(param, dtype=dtype)
+    return out
+
+
+def accumulate(square: Tensor, row: Tensor, col: Tensor, full: Tensor, weight: Any) -> None:
+    """row and col (fewer than two dimensions: full) <- their running means, moved toward the means
+    of ``square`` by ``weight`` (lerp)."""
+    if square.numel() == 0:  # an empty tensor has no rows or columns to average (a mean would be NaN)
+        return
+    if square.dim() < 2:
+        full.lerp_(square, weight)
+        return
+    row.lerp_(square.mean(dim=-1, keepdim=True), weight)
+    col.lerp_(square.mean(dim=-2, keepdim=True), weight)
+
+
+def inverse_root(row: Tensor, col: Tensor, full: Tensor, shape: torch.Size, floor: Any) -> Tensor:
+    """1 / sqrt(max(V, floor^2)) with V = R C / max(mean(R), floor) (factored) or V = full."""
+    if len(shape) < 2:
+        estimate = full
+    else:
+        estimate = (row * col) / row.mean(dim=-2, keepdim=True).clamp(min=floor)
+    return estimate.clamp(min=floor * floor).rsqrt()
+
+
+def _decay(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value <= 0:
+        raise ValueError(f"invalid {name}={value!r}: expected a finite number <= 0")
+
+
+def _adafactor_eps(name: str, value: Any) -> None:
+    ok = isinstance(value, (tuple, list)) and len(value) == 2
+    for i, e in enumerate(value if ok else ()):
+        allowed = (e is None) if i == 0 else False
+        if not allowed and (isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < math.inf):
+            raise ValueError(f"invalid {name}[{i}]={e!r} in {name}={tuple(value)!r}: expected "
+                             + ("None or " if i == 0 else "") + "a finite number >= 0")
+    if not ok:
+        raise ValueError(f"invalid {name}={value!r}: expected a pair (eps1, eps2): eps1 None or >= 0, eps2 >= 0")
+
+
+def _clip_threshold(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
+        raise ValueError(f"invalid {name}={value!r}: expected a finite number >= 1")
+
+
+#: Adafactor's (eps1, eps2): eps1 floors the second moment (None: the dtype's machine epsilon), eps2
+#: the parameter scale. Static: a Python value (None is allowed), so changing it recompiles.
+ADAFACTOR_EPS = Hyper((None, 1e-3), _adafactor_eps, static=True)
+
+
+def rms(t: Tensor) -> Tensor:
+    """The root mean square of a whole tensor, as a 0-d tensor (0 for an empty one)."""
+    return torch.linalg.vector_norm(t) / math.sqrt(max(t.numel(), 1))
+
+
+class scale_by_factored_rms(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+    """Adafactor's preconditioner, as torch.optim.Adafactor computes it.
+
+    At step t, with b_t = 1 - t^``beta2_decay`` and eps1 = ``eps[0]`` (None: machine epsilon of the
+    parameter's dtype):  R <- b_t R + (1-b_t) mean_cols(u^2),  C <- b_t C + (1-b_t) mean_rows(u^2),
+    V = R C / max(mean(R), eps1)  (fewer than two dimensions: V <- b_t V + (1-b_t) u^2);
+    u <- u / max(sqrt(V), eps1).
+    """
+
+    name = "factored"
+    state = ("row_var", "col_var", "variance")
+    nonnegative = ("variance",)
+    elementwise = False
+    hyper = {"beta2_decay": Hyper(-0.8, _decay), "eps": ADAFACTOR_EPS}
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        return factored_buffers(param, *self.state)
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"one_minus_beta2": float(step) ** float(hyper["beta2_decay"])}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        out = []
+        for u, p, row, col, full in zip(updates, ctx.params, *(state[k] for k in self.state)):
+            accumulate(self.square(u, ctx), row, col, full, ctx["one_minus_beta2"])
+            out.append(u * inverse_root(row, col, full, u.shape, self.floor(p, ctx)))
+        return out
+
+    # where Adafactor and CAME differ, besides the decay (``scale_by_came_rms`` overrides both)
+    def square(self, u: Tensor, ctx: Context) -> Tensor:
+        """What the moments average: u^2."""
+        return u * u
+
+    def floor(self, p: Tensor, ctx: Context) -> Any:
+        """The lower bound of mean(R) and of sqrt(V): eps1, or the machine epsilon of the parameter's
+        dtype (as torch.optim.Adafactor)."""
+        eps1 = ctx["eps"][0]
+        return torch.finfo(p.dtype).eps if eps1 is None else eps1
+
+
+class clip_by_block_rms(Transform):  # noqa: N801
+    """u <- u / max(1, rms(u) / d), per parameter (optax's ``clip_by_block_rms``; Adafactor's update
+    clipping, threshold ``d``; CAME's ``clip_threshold``)."""
+
+    name = "clip"
+    elementwise = False
+
+    def __init__(self, threshold: str = "d"):
+        self.threshold = threshold
+        self.hyper = {threshold: Hyper(1.0, _clip_threshold)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        d = ctx[self.threshold]
+        return [u / (rms(u) / d).clamp(min=1.0) for u in updates]
+
+    def __repr__(self) -> str:
+        return f"clip_by_block_rms({self.threshold!r})"
+
+
+class scale_by_param_block_rms(Transform):  # noqa: N801
+    """u <- max(eps2, rms(p)) u, per parameter (optax's ``scale_by_param_block_rms``; Adafactor's
+    relative step: the update's scale follows the parameter's), eps2 = ``eps[1]``."""
+
+    name = "param_scale"
+    elementwise = False
+    hyper = {"eps": ADAFACTOR_EPS}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        eps2 = ctx["eps"][1]
+        return [u * rms(p.to(u.dtype)).clamp(min=eps2) for u, p in zip(updates, ctx.params)]
+
+
+class scale_by_relative_step(Transform):  # noqa: N801
+    """u <- -min(lr, 1/sqrt(t)) u at step t: Adafactor's relative step size, capped by ``lr`` as in
+    torch.optim.Adafactor (the paper caps it at 0.01). Like ``scale_by_learning_rate``, it ends a chain;
+    decoupled weight decay scaled by ``lr`` itself goes after it (``add_decayed_weights(after_lr=True)``)."""
+
+    name = "relative_step"
+    hyper = {"lr": Hyper(1e-2, non_negative)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"rho": min(float(hyper["lr"]), 1 / math.sqrt(step))}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        rho = ctx["rho"]
+        return [u * -rho for u in updates]
