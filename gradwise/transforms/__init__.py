@@ -1,6 +1,8 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
+from gradwise.transforms.adalomo import scale_by_adalomo, scale_by_param_block_rms
 from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
+from gradwise.transforms.clipping import clip_by_block_rms, clip_by_value
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
@@ -22,14 +24,18 @@ __all__ = [
     "add_stable_weight_decay",
     "centralize_gradient",
     "clip_by_agc",
+    "clip_by_block_rms",
+    "clip_by_value",
     "lookahead",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
     "route",
+    "scale_by_adalomo",
     "scale_by_adam",
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_nadam",
+    "scale_by_param_block_rms",
     "scale_by_pnm_adam",
     "scale_by_rms",
     "scale_by_schedule",
