@@ -16,7 +16,7 @@ import gradwise
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 200), nn.Tanh(), nn.Linear(200, 400), nn.Tanh(), nn.Linear(400, 1))
+    return nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 1))
 
 
 def _batch(step):
