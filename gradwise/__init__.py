@@ -51,9 +51,11 @@ from gradwise.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon", "NAdamW", "Optimizer", "StatePolicy",
+    "LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon",
+    "NAdamW", "Optimizer", "StatePolicy",
     "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo", "Transform",
-    "add_decayed_weights", "chain", "estimate", "fused_backward", "lookahead", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
+    "add_decayed_weights", "chain", "estimate", "fused_backward", "lookahead", "orthogonalize_by_newton_schulz",
+    "route", "scale_by_adam",
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]

@@ -138,7 +138,8 @@ def test_checkpoint_resumes_bit_identically():
         assert torch.equal(a, b)
         for key in optimizer.state[a]:
             assert torch.equal(optimizer.state[a][key], resumed.state[b][key]), key
-    assert all(p._post_accumulate_grad_hooks in (None, {}) for p in resumed_model.parameters()), "the with block removed them"
+    assert all(p._post_accumulate_grad_hooks in (None, {}) for p in resumed_model.parameters()), \
+        "the with block removed them"
 
 
 def test_encoded_state_and_unused_parameters():
@@ -164,7 +165,8 @@ def test_encoded_state_and_unused_parameters():
     (lambda ps: gradwise.Muon(ps), r"fused_backward\(Muon\): .*batches matrices across parameters"),
     (lambda ps: gradwise.Shampoo(ps), r"fused_backward\(Shampoo\): .*batches matrices"),
     (lambda ps: gradwise.Ranger21(ps, lr=1e-3, num_iterations=10), r"fused_backward\(Ranger21\): .*overrides step\(\)"),
-    (lambda ps: torch.optim.AdamW(ps), r"invalid optimizer of type torch\.optim\.adamw\.AdamW: fused_backward\(\) takes a gradwise Optimizer"),
+    (lambda ps: torch.optim.AdamW(ps),
+     r"invalid optimizer of type torch\.optim\.adamw\.AdamW: fused_backward\(\) takes a gradwise Optimizer"),
 ])
 def test_chains_that_need_every_gradient_first_raise(make, pattern):
     params = list(_model().parameters())

@@ -44,14 +44,17 @@ def _compare(make_ours, make_reference, steps=STEPS):
                          ids=["plain", "clip-decay"])
 def test_lomo_matches_reference(kwargs):
     optimizer = _compare(lambda p: gradwise.LOMO(p, compile=False, **kwargs), lambda p: ReferenceLOMO(p, **kwargs))
-    assert all(not optimizer.state[p] or set(optimizer.state[p]) == {"step"} for p in optimizer.state), "LOMO keeps no state"
+    assert all(set(optimizer.state[p]) <= {"step"} for p in optimizer.state), "LOMO keeps no state"
 
 
-@pytest.mark.parametrize("kwargs", [dict(lr=0.05), dict(lr=0.2, clip_threshold=0.5, clip_grad_value=0.8, weight_decay=0.1,
-                                                        eps=(1e-20, 1e-2), decay_rate=-0.6)],
-                         ids=["defaults", "all-options"])
+ALL_OPTIONS = dict(lr=0.2, clip_threshold=0.5, clip_grad_value=0.8, weight_decay=0.1, eps=(1e-20, 1e-2),
+                   decay_rate=-0.6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(lr=0.05), ALL_OPTIONS], ids=["defaults", "all-options"])
 def test_adalomo_matches_reference(kwargs):
-    optimizer = _compare(lambda p: gradwise.AdaLomo(p, compile=False, **kwargs), lambda p: ReferenceAdaLomo(p, **kwargs))
+    optimizer = _compare(lambda p: gradwise.AdaLomo(p, compile=False, **kwargs),
+                         lambda p: ReferenceAdaLomo(p, **kwargs))
     matrix = next(p for p in optimizer.state if p.dim() == 2 and p.numel())
     state = optimizer.state[matrix]
     assert state["adalomo.exp_avg_sq_row"].shape == matrix.shape[:1]
@@ -59,7 +62,8 @@ def test_adalomo_matches_reference(kwargs):
 
 
 @pytest.mark.parametrize("recipe,kwargs", [(gradwise.LOMO, dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
-                                           (gradwise.AdaLomo, dict(lr=0.01, weight_decay=0.01))], ids=["LOMO", "AdaLomo"])
+                                           (gradwise.AdaLomo, dict(lr=0.01, weight_decay=0.01))],
+                         ids=["LOMO", "AdaLomo"])
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
 def test_update_in_backward_equals_step(recipe, kwargs, compile):
     fused_model, plain_model = mlp(torch.float32), mlp(torch.float32)

@@ -106,7 +106,8 @@ def fused_backward(optimizer: Any) -> FusedBackward:
     from gradwise.core.optimizer import Optimizer
 
     if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"invalid optimizer of type {type(optimizer).__module__}.{type(optimizer).__qualname__}: fused_backward() takes a gradwise Optimizer"
+        kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+        raise TypeError(f"invalid optimizer of type {kind}: fused_backward() takes a gradwise Optimizer"
                         " (e.g. gradwise.AdamW); for torch.optim, see PyTorch's per-parameter-optimizer tutorial")
     name = type(optimizer).__name__
     if uses(optimizer.transform, "skip_step"):

@@ -290,8 +290,8 @@ class Optimizer(torch.optim.Optimizer):
                 self._fall_back(error)
                 eager += chosen[runner.done:]
         if eager:
-            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager],
-                      [own[i] for i in eager], values, layout, static, None if seeds is None else [seeds[i] for i in eager])
+            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager], [own[i] for i in eager],
+                      values, layout, static, None if seeds is None else [seeds[i] for i in eager])
 
     def _fall_back(self, error: Exception) -> None:
         """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""

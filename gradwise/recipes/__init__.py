@@ -11,5 +11,6 @@ from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
 
-__all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
+__all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
+           "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
