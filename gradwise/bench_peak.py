@@ -69,7 +69,6 @@ def measure(name: str) -> dict:
 
     import gradwise
 
-    torch.set_num_threads(1)
     recipe, kwargs, fused = CONFIGS[name]
     model = small_transformer(**MODEL)
     params = list(model.parameters())
@@ -127,4 +126,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    import torch
+
+    torch.set_num_threads(1)
     print(json.dumps(measure(sys.argv[1])))
