@@ -9,6 +9,8 @@
    column shares every block of a row-major weight) and rank-1 normalization does not.
 3. With ``--peak``: the peak process memory of one training step of a small transformer, with and
    without the update inside backward (``gradwise/bench_peak.py``).
+4. With ``--param-rounding``: bfloat16 parameters trained with round-to-nearest and with stochastic
+   rounding against float32 (``gradwise/bench_rounding.py``).
 
 Run as ``python bench/memory.py``; ``--help`` lists the options.
 """
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak", action="store_true",
                         help="also measure the peak process memory of a small transformer's training step with and"
                              " without the update inside backward (gradwise/bench_peak.py)")
+    parser.add_argument("--param-rounding", action="store_true",
+                        help="also train bfloat16 parameters with each param_rounding against float32 (bench_rounding.py)")
     args = parser.parse_args(argv)
     import torch
 
@@ -189,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         from gradwise.bench_peak import print_table, run_all
 
         print_table(run_all(log=log))
+    if args.param_rounding:
+        from gradwise import bench_rounding
+
+        bench_rounding.print_table(bench_rounding.compare(log=log))
     return 0
 
 
