@@ -61,8 +61,8 @@ def _kib(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
-def measure(name: str) -> dict:
-    """Run in the subprocess: the configuration's step, measured."""
+def measure(name: str, model_shape: dict | None = None) -> dict:
+    """Run in the subprocess: the configuration's step, measured (``model_shape``: ``MODEL`` by default)."""
     import gc
 
     import torch
@@ -70,7 +70,8 @@ def measure(name: str) -> dict:
     import gradwise
 
     recipe, kwargs, fused = CONFIGS[name]
-    model = small_transformer(**MODEL)
+    shape = model_shape or MODEL
+    model = small_transformer(**shape)
     params = list(model.parameters())
     if recipe == "torch.AdamW":
         optimizer = torch.optim.AdamW(params, lr=1e-3)
@@ -79,11 +80,11 @@ def measure(name: str) -> dict:
         if fused and recipe == "AdamW":
             gradwise.fused_backward(optimizer)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(MODEL["vocab"], (BATCH[0], BATCH[1] + 1), generator=gen)
+    tokens = torch.randint(shape["vocab"], (BATCH[0], min(BATCH[1], shape["context"]) + 1), generator=gen)
 
     def step():
         logits = model(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.reshape(-1, MODEL["vocab"]), tokens[:, 1:].reshape(-1)).backward()
+        torch.nn.functional.cross_entropy(logits.reshape(-1, shape["vocab"]), tokens[:, 1:].reshape(-1)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
