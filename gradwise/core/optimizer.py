@@ -20,8 +20,8 @@ from torch import Tensor
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
-from gradwise.core.rounding import check_rounding, rounds_stochastically
 from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
+from gradwise.core.rounding import check_rounding, rounds_stochastically
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState
 from gradwise.state.store import has_buffer, seed
