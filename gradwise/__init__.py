@@ -7,11 +7,14 @@ behind a drop-in ``torch.optim.Optimizer``::
     optimizer = AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 """
 from gradwise.core.hyper import Hyper
+from gradwise.core.fused_backward import fused_backward
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import Chain, Context, Transform, chain
 from gradwise.recipes import (
+    LOMO,
     SGD,
     SOAP,
+    AdaLomo,
     Adam,
     AdamW,
     Lion,
@@ -49,9 +52,11 @@ from gradwise.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "SOAP", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon", "NAdamW", "Optimizer", "StatePolicy",
+    "LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon",
+    "NAdamW", "Optimizer", "StatePolicy",
     "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo", "Transform",
-    "add_decayed_weights", "chain", "estimate", "lookahead", "orthogonalize_by_newton_schulz", "route", "scale_by_adam",
+    "add_decayed_weights", "chain", "estimate", "fused_backward", "lookahead", "orthogonalize_by_newton_schulz",
+    "route", "scale_by_adam",
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]

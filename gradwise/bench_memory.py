@@ -7,6 +7,10 @@
    small MLP regression whose inputs carry large outlier features (features 0-3 scaled by 100, 50,
    30 and 200): the case in which block-wise quantization of the second moment loses (an outlier
    column shares every block of a row-major weight) and rank-1 normalization does not.
+3. With ``--peak``: the peak process memory of one training step of a small transformer, with and
+   without the update inside backward (``gradwise/bench_peak.py``).
+4. With ``--param-rounding``: bfloat16 parameters trained with round-to-nearest and with stochastic
+   rounding against float32 (``gradwise/bench_rounding.py``).
 
 Run as ``python bench/memory.py``; ``--help`` lists the options.
 """
@@ -199,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", action="store_true",
                         help="also compare with torchao's and bitsandbytes' AdamW8bit where they run")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--peak", action="store_true",
+                        help="also measure the peak process memory of a small transformer's training step with and"
+                             " without the update inside backward (gradwise/bench_peak.py)")
+    parser.add_argument("--param-rounding", action="store_true",
+                        help="also train bfloat16 parameters with each param_rounding against float32 (bench_rounding.py)")
     args = parser.parse_args(argv)
     import torch
 
@@ -228,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'optimizer':<28}{'step 1':>10}{'step 10':>10}{'step 30':>10}")
         for r in reference_distances(log=log):
             print(f"{r['optimizer']:<28}{r['step_1']:>10.2e}{r['step_10']:>10.2e}{r['final']:>10.2e}")
+    if args.peak:
+        from gradwise.bench_peak import print_table, run_all
+
+        print_table(run_all(log=log))
+    if args.param_rounding:
+        from gradwise import bench_rounding
+
+        bench_rounding.print_table(bench_rounding.compare(log=log))
     return 0
 
 

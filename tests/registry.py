@@ -91,6 +91,9 @@ CASES = [
     Case("adafactor", gradwise.Adafactor, _adafactor, dict(lr=0.01, weight_decay=0.1, d=1.5)),
     Case("came", gradwise.CAME, _came, dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),
     Case("adam-mini", gradwise.AdamMini, None, dict(lr=0.01, weight_decay=0.1)),  # adam-mini: tests/test_adam_mini.py
+    # updated inside backward (fused_backward=True by default); float64 references in tests/test_lomo.py
+    Case("lomo", gradwise.LOMO, None, dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
+    Case("adalomo", gradwise.AdaLomo, None, dict(lr=0.01, weight_decay=0.01)),
 ]
 
 #: the cases with a reference optimizer to compare against step by step
@@ -98,8 +101,11 @@ REFERENCED = [c for c in CASES if c.reference is not None]
 #: every recipe class the registry covers, for the generic tests that need a class, not a case.
 RECIPES = list(dict.fromkeys(c.recipe for c in CASES))
 
-#: keyword arguments a recipe cannot do without (Ranger21's lr and step budget), for generic tests.
-REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100), gradwise.CAME: dict(lr=1e-3)}
+#: keyword arguments a recipe cannot do without (Ranger21's lr and step budget, CAME's lr), for generic
+#: tests; LOMO and AdaLomo in their ordinary-step mode, as those tests check what step() does with a
+#: backward's gradients (tests/test_fused_backward.py and tests/test_lomo.py cover the update inside backward).
+REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100), gradwise.CAME: dict(lr=1e-3),
+            gradwise.LOMO: dict(fused_backward=False), gradwise.AdaLomo: dict(fused_backward=False)}
 
 
 def build(recipe, params, **kwargs):

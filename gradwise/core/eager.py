@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from torch import Tensor
 
-from gradwise.core.executor import Layout, _flat_alias, _flattenable, run_chain
+from gradwise.core.executor import Layout, _flat_alias, _flattenable, rounding_rows, run_chain
 from gradwise.core.transform import Transform
 
 #: elements per piece: 64K float32 elements make 256 KiB temporaries, which stay in L2.
@@ -30,35 +30,41 @@ def run_eager(
     values: Tensor,
     layout: Layout,
     static: Mapping[str, Any],
+    seeds: list[int] | None = None,
 ) -> None:
-    """One step of ``transform`` on every parameter, in pieces where the chain allows it."""
+    """One step of ``transform`` on every parameter, in pieces where the chain allows it. ``seeds``
+    (one per parameter) are the stochastic-rounding seeds of bfloat16 parameters, else None."""
     whole: list[int] = []
-    batch: list[tuple[Tensor, Tensor, dict[str, Tensor]]] = []
+    batch: list[tuple[Tensor, Tensor, dict[str, Tensor], int, int]] = []
     size = 0
     for i, (p, g, state) in enumerate(zip(params, grads, states)):
+        seed = 0 if seeds is None else seeds[i]
         if not _sliceable(transform, p, g, state):
             whole.append(i)
             continue
         if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
-            pieces = [(p, g, dict(state))]
+            pieces = [(p, g, dict(state), seed, 0)]
         else:
             flat_p, flat_g = _flat_alias(p), _flat_alias(g)
             flat_state = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
             pieces = [(flat_p[piece], flat_g[piece],
-                       {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()})
+                       {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()},
+                       seed, piece.start)
                       for piece in (slice(start, start + EAGER_CHUNK) for start in range(0, p.numel(), EAGER_CHUNK))]
         for piece in pieces:
             batch.append(piece)
             size += piece[0].numel()
             if size >= EAGER_CHUNK:
-                _run_batch(transform, batch, values, layout, static)
+                _run_batch(transform, batch, values, layout, static, seeds is not None)
                 batch, size = [], 0
     if batch:
-        _run_batch(transform, batch, values, layout, static)
+        _run_batch(transform, batch, values, layout, static, seeds is not None)
     if whole:
         keys = states[whole[0]].keys()
+        rounding = None if seeds is None else rounding_rows([seeds[i] for i in whole], [0] * len(whole),
+                                                            params[0].device)
         run_chain(transform, [params[i] for i in whole], [grads[i] for i in whole],
-                  {k: [states[i][k] for i in whole] for k in keys}, values, layout, static)
+                  {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding)
 
 
 def _sliceable(transform: Transform, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
@@ -70,7 +76,8 @@ def _sliceable(transform: Transform, p: Tensor, g: Tensor, state: Mapping[str, T
     )
 
 
-def _run_batch(transform, batch, values, layout, static) -> None:
+def _run_batch(transform, batch, values, layout, static, rounds: bool) -> None:
     keys = batch[0][2].keys()
+    rounding = rounding_rows([b[3] for b in batch], [b[4] for b in batch], batch[0][0].device) if rounds else None
     run_chain(transform, [b[0] for b in batch], [b[1] for b in batch],
-              {k: [b[2][k] for b in batch] for k in keys}, values, layout, static)
+              {k: [b[2][k] for b in batch] for k in keys}, values, layout, static, rounding)

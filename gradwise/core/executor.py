@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core.rounding import add_stochastically
 from gradwise.core.transform import Context, Transform, state_dtype
 
 logger = logging.getLogger("gradwise")
@@ -66,15 +67,27 @@ def run_chain(
     values: Tensor,
     layout: Layout,
     static: Mapping[str, Any],
+    rounding: Tensor | None = None,
 ) -> None:
-    """One optimizer step over aligned lists: ``p <- p + chain(g)``; mutates params and state."""
+    """One optimizer step over aligned lists: ``p <- p + chain(g)``; mutates params and state.
+
+    ``rounding`` (int64, one row (seed, first element's index) per parameter) is given when the
+    parameters are bfloat16 and written with stochastic rounding (``gradwise.core.rounding``)."""
     hyper, scalars = unpack(values, layout)
     maximize = static["maximize"]
     updates = [(-g if maximize else g).to(state_dtype(p)) for p, g in zip(params, grads)]
     ctx = Context(params, grads, hyper, static, scalars)
     updates = transform.update(updates, state, ctx)
-    for p, u in zip(params, updates):
-        p.add_(u)
+    for i, (p, u) in enumerate(zip(params, updates)):
+        if rounding is None:
+            p.add_(u)
+        else:
+            add_stochastically(p, u, rounding[i, 0], rounding[i, 1])
+
+
+def rounding_rows(seeds: list[int], starts: list[int], device) -> Tensor:
+    """``run_chain``'s ``rounding`` argument: one row (seed, index of the first element) per tensor."""
+    return torch.tensor([[s, o] for s, o in zip(seeds, starts)], dtype=torch.int64, device=device)
 
 
 #: parameters per compiled call: one dynamo call's overhead (tens of microseconds) is shared by this many.
@@ -129,19 +142,21 @@ class CompiledStep:
             return False
         return not self._flatten or _flattenable(p, g, state)
 
-    def __call__(self, params, grads, states, values: Tensor, layout, static) -> int:
+    def __call__(self, params, grads, states, values: Tensor, layout, static, seeds=None) -> int:
         """Step the parameters (``accepts`` must have said yes to each). ``done`` counts the ones
-        stepped, so that a caller can finish the rest eagerly if a compilation fails."""
+        stepped, so that a caller can finish the rest eagerly if a compilation fails. ``seeds``, one
+        per parameter, are the stochastic-rounding seeds of bfloat16 parameters (else None)."""
         self.done = 0
         size = GROUP if self._flatten else 1
         while self.done < len(params):
             n = size if len(params) - self.done >= size else 1
             batch = slice(self.done, self.done + n)
-            self._call(params[batch], grads[batch], states[batch], values, layout, static)
+            rounding = None if seeds is None else rounding_rows(seeds[batch], [0] * n, params[0].device)
+            self._call(params[batch], grads[batch], states[batch], values, layout, static, rounding)
             self.done += n
         return self.done
 
-    def _call(self, params, grads, states, values, layout, static) -> None:
+    def _call(self, params, grads, states, values, layout, static, rounding=None) -> None:
         if self._flatten:
             states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
                       for p, st in zip(params, states)]
@@ -160,9 +175,10 @@ class CompiledStep:
             if key not in self._compiled_for:
                 # compile on copies first: a graph that fails to compile then changes nothing
                 copies = {k: [v.clone() for v in vs] for k, vs in state.items()}
-                self._compiled(self.transform, [p.clone() for p in params], grads, copies, values, layout, static)
+                self._compiled(self.transform, [p.clone() for p in params], grads, copies, values, layout, static,
+                               rounding)
                 self._compiled_for.add(key)
-            self._compiled(self.transform, params, grads, state, values, layout, static)
+            self._compiled(self.transform, params, grads, state, values, layout, static, rounding)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds

@@ -21,9 +21,10 @@ from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
+from gradwise.core.rounding import check_rounding, rounds_stochastically
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState
-from gradwise.state.store import has_buffer
+from gradwise.state.store import has_buffer, seed
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
 _BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
@@ -45,7 +46,9 @@ class Optimizer(torch.optim.Optimizer):
         state: how state buffers shaped like their parameter are stored between steps: ``None`` or
             ``"fp32"`` (as computed), ``"bf16"`` (stochastic rounding), ``"int8"``, ``"int4"``, or a
             ``gradwise.state.StatePolicy`` choosing per parameter. Transforms always see float tensors.
-        **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize``.
+        **hyperparameters: defaults for the hyperparameters the chain declares, plus ``maximize`` and
+            ``param_rounding``: ``"nearest"`` (as ``p.add_(u)``) or ``"stochastic"``, which writes
+            bfloat16 parameters with unbiased stochastic rounding (``gradwise.core.rounding``).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -79,7 +82,8 @@ class Optimizer(torch.optim.Optimizer):
 
             transform = chain(guard(), transform)
         self.transform = transform
-        self.hyper_specs: dict[str, Hyper] = {**transform.hyper, "maximize": Hyper(False, boolean, static=True)}
+        self.hyper_specs: dict[str, Hyper] = {**transform.hyper, "maximize": Hyper(False, boolean, static=True),
+                                              "param_rounding": Hyper("nearest", check_rounding, static=True)}
         unknown = sorted(set(hyperparameters) - set(self.hyper_specs))
         if unknown:
             raise TypeError(
@@ -118,6 +122,9 @@ class Optimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # a checkpoint from before an option existed: its default
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         # torch.optim casts floating-point state to its parameter's dtype, but a transform chooses the
         # dtype of its state (float32 for 16-bit parameters, float64 running scalars), so put back the
         # saved values, uncast.
@@ -265,6 +272,8 @@ class Optimizer(torch.optim.Optimizer):
             if not params:
                 return
         keys = [k for k in states[0] if k != "step"]
+        seeds = [seed(int(st["step"]), self._position(p), "param") for p, st in zip(params, states)] \
+            if rounds_stochastically(static, params[0].dtype) else None
         views = [local(p) for p in params]
         grads = [local(p.grad) for p in params]
         own = [{k: local(s[k]) for k in keys} for s in states]
@@ -276,13 +285,13 @@ class Optimizer(torch.optim.Optimizer):
             eager = [i for i in eager if i not in compiled]
             try:
                 runner([views[i] for i in chosen], [grads[i] for i in chosen], [own[i] for i in chosen],
-                       values, layout, static)
+                       values, layout, static, None if seeds is None else [seeds[i] for i in chosen])
             except Exception as error:  # under "auto", a failed compile falls back to eager
                 self._fall_back(error)
                 eager += chosen[runner.done:]
         if eager:
-            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager],
-                      [own[i] for i in eager], values, layout, static)
+            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager], [own[i] for i in eager],
+                      values, layout, static, None if seeds is None else [seeds[i] for i in eager])
 
     def _fall_back(self, error: Exception) -> None:
         """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""

@@ -5,6 +5,7 @@ from gradwise.recipes.adam_mini import AdamMini
 from gradwise.recipes.came import CAME
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lookahead import Lookahead
+from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.ranger21 import Ranger21
@@ -13,6 +14,7 @@ from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
 
-__all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
+__all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
+           "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["CAME", "Adafactor", "AdamMini"]

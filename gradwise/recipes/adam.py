@@ -10,17 +10,21 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba, 2015): g <- g + wd p, then p <- p - lr m_hat / (sqrt(v_hat) + eps)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(add_decayed_weights(), scale_by_adam(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)
 
 
 class AdamW(Optimizer):
     """AdamW (Loshchilov & Hutter, 2019): p <- p - lr (m_hat / (sqrt(v_hat) + eps) + wd p)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(scale_by_adam(), add_decayed_weights(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)

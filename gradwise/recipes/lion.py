@@ -13,7 +13,9 @@ class Lion(Optimizer):
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(scale_by_lion(), add_decayed_weights(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, betas=betas, weight_decay=weight_decay,
-                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)

@@ -14,8 +14,10 @@ class NAdamW(Optimizer):
     """
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, momentum_decay=4e-3,
-                 *, maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 *, maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(scale_by_nadam(), add_decayed_weights(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          momentum_decay=momentum_decay, maximize=maximize, skip_nonfinite=skip_nonfinite,
-                         compile=compile, state=state)
+                         compile=compile, state=state,
+                         param_rounding=param_rounding)

@@ -14,7 +14,8 @@ class SGD(Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(
                 f"invalid nesterov=True with momentum={momentum!r}, dampening={dampening!r}:"
@@ -23,4 +24,5 @@ class SGD(Optimizer):
         transform = chain(add_decayed_weights(), trace(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, momentum=momentum, dampening=dampening,
                          weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)

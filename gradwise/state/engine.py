@@ -10,7 +10,9 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.executor import rounding_rows
 from gradwise.core.params import DTensor, local
+from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
@@ -71,7 +73,9 @@ class EncodedState:
             parts = {buffer: parts_of(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
-            args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static)
+            rounding = rounding_rows([seed(step, position, "param")], [0], p.device) \
+                if rounds_stochastically(static, p.dtype) else None
+            args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static, rounding)
             if compiled and p.numel() >= 2:
                 if self._compiled is None:
                     self._compiled = CompiledCodedStep(self.transform)

@@ -26,13 +26,15 @@ Specs = tuple[tuple[str, Codec, bool], ...]
 
 
 def coded_step(transform: Transform, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
-               parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static) -> None:
-    """``p <- p + chain(g)`` with the state in ``specs`` decoded from, and encoded back into, ``parts``."""
+               parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static,
+               rounding: Tensor | None = None) -> None:
+    """``p <- p + chain(g)`` with the state in ``specs`` decoded from, and encoded back into, ``parts``
+    (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically)."""
     state = dict(plain)
     dtype = state_dtype(param)
     for buffer, codec, signed in specs:
         state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype)
-    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static)
+    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static, rounding)
     for i, (buffer, codec, signed) in enumerate(specs):
         codec.encode(state[buffer], parts[buffer], signed, seeds[i])
 

@@ -1,8 +1,10 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
+from gradwise.transforms.adalomo import scale_by_adalomo
 from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
+from gradwise.transforms.clipping import clip_by_value
 from gradwise.transforms.factored import (
     clip_by_block_rms,
     scale_by_factored_rms,
@@ -30,15 +32,24 @@ __all__ = [
     "add_stable_weight_decay",
     "centralize_gradient",
     "clip_by_agc",
+    "clip_by_block_rms",
+    "clip_by_value",
     "lookahead",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
     "route",
+    "scale_by_adalomo",
     "scale_by_adam",
+    "scale_by_adam_mini",
+    "scale_by_came_rms",
+    "scale_by_confidence",
+    "scale_by_factored_rms",
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_nadam",
+    "scale_by_param_block_rms",
     "scale_by_pnm_adam",
+    "scale_by_relative_step",
     "scale_by_rms",
     "scale_by_schedule",
     "scale_by_schedule_free",
@@ -50,5 +61,3 @@ __all__ = [
     "trace",
     "trace_ema",
 ]
-__all__ += ["clip_by_block_rms", "scale_by_adam_mini", "scale_by_came_rms", "scale_by_confidence",
-            "scale_by_factored_rms", "scale_by_param_block_rms", "scale_by_relative_step"]

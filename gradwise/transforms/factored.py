@@ -129,14 +129,16 @@ class scale_by_factored_rms(Transform):  # noqa: N801 - transforms are named lik
 
 class clip_by_block_rms(Transform):  # noqa: N801
     """u <- u / max(1, rms(u) / d), per parameter (optax's ``clip_by_block_rms``; Adafactor's update
-    clipping, threshold ``d``; CAME's ``clip_threshold``)."""
+    clipping, threshold ``d``; CAME's ``clip_threshold``; AdaLomo's grouped update normalization).
+    ``threshold`` names the hyperparameter and ``spec`` declares it (torch.optim.Adafactor wants d >= 1,
+    AdaLomo any d > 0)."""
 
     name = "clip"
     elementwise = False
 
-    def __init__(self, threshold: str = "d"):
+    def __init__(self, threshold: str = "d", spec: Hyper = Hyper(1.0, _clip_threshold)):
         self.threshold = threshold
-        self.hyper = {threshold: Hyper(1.0, _clip_threshold)}
+        self.hyper = {threshold: spec}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         d = ctx[self.threshold]
@@ -148,11 +150,14 @@ class clip_by_block_rms(Transform):  # noqa: N801
 
 class scale_by_param_block_rms(Transform):  # noqa: N801
     """u <- max(eps2, rms(p)) u, per parameter (optax's ``scale_by_param_block_rms``; Adafactor's
-    relative step: the update's scale follows the parameter's), eps2 = ``eps[1]``."""
+    relative step, AdaLomo's lr * max(eps2, RMS(theta)): the update's scale follows the parameter's),
+    eps2 = ``eps[1]``. ``eps`` declares the (eps1, eps2) pair as the rest of the chain does."""
 
     name = "param_scale"
     elementwise = False
-    hyper = {"eps": ADAFACTOR_EPS}
+
+    def __init__(self, eps: Hyper = ADAFACTOR_EPS):
+        self.hyper = {"eps": eps}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         eps2 = ctx["eps"][1]
