@@ -24,8 +24,12 @@ from gradwise.recipes import (
     Shampoo,
     schedule_free,
 )
+from gradwise.recipes.apollo import APOLLO, APOLLOMini
+from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.state import StatePolicy
 from gradwise.state.estimate import estimate
+from gradwise.transforms.apollo import scale_by_apollo
+from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms import (
     add_decayed_weights,
     lookahead,
@@ -54,3 +58,4 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
+__all__ += ["APOLLO", "APOLLOMini", "GaLoreAdamW", "project_low_rank", "scale_by_apollo"]

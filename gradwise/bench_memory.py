@@ -50,6 +50,49 @@ def state_bytes_per_param(size: str, formats=FORMATS, measure: bool = False, log
     return rows
 
 
+#: the low-rank recipes on the GPT-2 set: the attention and MLP matrices are projected, embeddings, norms
+#: and biases not; rank None: width / 3 (256 at width 768, the GaLore and APOLLO papers' rank at 130M).
+LOW_RANK = {"GaLoreAdamW": dict(rank=None), "APOLLO": dict(rank=None), "APOLLOMini": dict(rank=1)}
+
+
+def low_rank_state_bytes(size: str, measure: bool = False, log=print) -> list[dict]:
+    """State bytes per parameter element of AdamW and of the low-rank recipes (see ``LOW_RANK``)."""
+    import torch
+
+    import gradwise
+    from gradwise.bench_step import SIZES, gpt2_shapes, state_bytes
+    from gradwise.transforms.route import matrices
+
+    shapes = gpt2_shapes(*SIZES[size])
+    rows = []
+    for label, projection in {"AdamW": {}, **LOW_RANK}.items():
+        projection = {k: v or SIZES[size][2] // 3 for k, v in projection.items()}
+        def groups(device):
+            params = [(name, torch.nn.Parameter(torch.empty(shape, device=device))) for name, shape in shapes]
+            if not projection:
+                return params
+            matrix = [matrices(n, p) == "matrix" for n, p in params]
+            return [{"params": [q for q, m in zip(params, matrix) if not m], "rank": None},
+                    {"params": [q for q, m in zip(params, matrix) if m], **projection}]
+
+        recipe = getattr(gradwise, label)
+        predicted = gradwise.estimate(groups("meta"), recipe)
+        row = {"recipe": label, "predicted_per_param": predicted.bytes_per_param}
+        if measure:
+            log(f"one {label} step on {size}")
+            opt = recipe(groups("cpu"), lr=1e-3, compile=False)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.data.normal_(0, 0.02)
+                    p.grad = torch.randn_like(p) * 1e-3
+            start = time.perf_counter()
+            opt.step()
+            row.update(measured_per_param=state_bytes(opt) / predicted.params, eager_step_s=time.perf_counter() - start)
+            del opt
+        rows.append(row)
+    return rows
+
+
 def outlier_task(seed: int):
     """Batches of the quality task: y = tanh(3 x_n w) + 0.1 sin(x_4) with x_n the input without its
     outlier scales, so the outlier features matter no more than the others."""
@@ -167,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in state_bytes_per_param(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
         print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
+    print(f"\nLow-rank recipes, state bytes per parameter element, {args.size} GPT-2 set (attention and MLP"
+          " matrices projected)")
+    print(f"{'recipe':<14}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+    for r in low_rank_state_bytes(args.size, measure=args.measure, log=log):
+        measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_per_param" in r else ""
+        print(f"{r['recipe']:<14}{r['predicted_per_param']:>12.4f}{measured}")
     formats = [f for f in args.quality_formats.split(",") if f]
     if formats:
         if "fp32" not in formats:

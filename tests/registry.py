@@ -55,6 +55,18 @@ def _ranger21(params, **kwargs):
     return Ranger21(params, foreach=False, **kwargs)
 
 
+def _galore(params, **kwargs):
+    from galore_torch import GaLoreAdamW
+
+    return GaLoreAdamW(params, no_deprecation_warning=True, **kwargs)
+
+
+def _apollo(params, **kwargs):
+    from apollo_torch import APOLLOAdamW
+
+    return APOLLOAdamW(params, **kwargs)
+
+
 CASES = [
     Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
     Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
@@ -76,6 +88,12 @@ CASES = [
     Case("shampoo", gradwise.Shampoo, None, dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8),
          compiles=False),
     Case("soap", gradwise.SOAP, None, dict(lr=0.01, precondition_frequency=2, max_precond_dim=8), compiles=False),
+    # unprojected here (the references project only groups that carry "rank"): tests/test_galore.py and
+    # tests/test_apollo.py compare the projections step by step, APOLLO-Mini's included
+    Case("galore-adamw", gradwise.GaLoreAdamW, _galore, dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1),
+         compiles=False),
+    Case("apollo", gradwise.APOLLO, _apollo, dict(lr=0.01, eps=1e-7, weight_decay=0.1), compiles=False),
+    Case("apollo-mini", gradwise.APOLLOMini, None, dict(lr=0.01, weight_decay=0.1), compiles=False),
 ]
 
 #: the cases with a reference optimizer to compare against step by step

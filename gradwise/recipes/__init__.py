@@ -1,5 +1,7 @@
 """Named optimizers, each a short chain of transforms."""
 from gradwise.recipes.adam import Adam, AdamW
+from gradwise.recipes.apollo import APOLLO, APOLLOMini
+from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.muon import Muon
@@ -10,5 +12,5 @@ from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
 
-__all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
+__all__ = ["APOLLO", "SGD", "SOAP", "APOLLOMini", "Adam", "AdamW", "GaLoreAdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]

@@ -1,7 +1,9 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
-from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
+from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
+from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
+from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.momentum import trace, trace_ema
@@ -14,7 +16,7 @@ from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_fr
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
-from gradwise.transforms.weight_decay import add_decayed_weights
+from gradwise.transforms.weight_decay import add_decayed_weights, decay_stepped_weights
 
 __all__ = [
     "add_decayed_weights",
@@ -42,3 +44,5 @@ __all__ = [
     "trace",
     "trace_ema",
 ]
+__all__ += ["decay_stepped_weights", "project_low_rank", "scale_by_adam_moments", "scale_by_apollo",
+            "scale_by_bias_correction"]
