@@ -69,15 +69,15 @@ def low_rank_state_bytes(size: str, measure: bool = False, log=print) -> list[di
         projection = {k: v or SIZES[size][2] // 3 for k, v in projection.items()}
         def groups(device):
             params = [(name, torch.nn.Parameter(torch.empty(shape, device=device))) for name, shape in shapes]
-            if not projection:
-                return params
             matrix = [matrices(n, p) == "matrix" for n, p in params]
-            return [{"params": [q for q, m in zip(params, matrix) if not m], "rank": None},
+            return [{"params": [q for q, m in zip(params, matrix) if not m], **({"rank": None} if projection else {})},
                     {"params": [q for q, m in zip(params, matrix) if m], **projection}]
 
         recipe = getattr(gradwise, label)
         predicted = gradwise.estimate(groups("meta"), recipe)
-        row = {"recipe": label, "predicted_per_param": predicted.bytes_per_param}
+        matrix_numel = sum(p.numel() for _, p in groups("meta")[1]["params"])
+        row = {"recipe": label, "predicted_per_param": predicted.bytes_per_param,
+               "matrices_per_param": predicted.by("group")[1] / matrix_numel}
         if measure:
             log(f"one {label} step on {size}")
             opt = recipe(groups("cpu"), lr=1e-3, compile=False)
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
     parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="comma-separated AdamW state formats for the bytes table ('' skips it)")
     parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
                         help="comma-separated formats for the quality runs ('' skips them)")
     parser.add_argument("--steps", type=int, default=400)
@@ -205,17 +207,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
-    print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
-    print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
-    for r in state_bytes_per_param(args.size, measure=args.measure, log=log):
-        measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
-        print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
+    if args.formats:
+        print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
+        print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+        for r in state_bytes_per_param(args.size, args.formats.split(","), measure=args.measure, log=log):
+            measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
+            print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
     print(f"\nLow-rank recipes, state bytes per parameter element, {args.size} GPT-2 set (attention and MLP"
-          " matrices projected)")
-    print(f"{'recipe':<14}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+          " matrices projected; 'matrices': their state over their elements, step counters included)")
+    print(f"{'recipe':<14}{'matrices':>10}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
     for r in low_rank_state_bytes(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_per_param" in r else ""
-        print(f"{r['recipe']:<14}{r['predicted_per_param']:>12.4f}{measured}")
+        print(f"{r['recipe']:<14}{r['matrices_per_param']:>10.4f}{r['predicted_per_param']:>12.4f}{measured}")
     formats = [f for f in args.quality_formats.split(",") if f]
     if formats:
         if "fp32" not in formats:

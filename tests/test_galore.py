@@ -147,3 +147,10 @@ def test_estimate_reports_the_small_state_it_allocates():
     # elements where AdamW keeps 2 * (128 + 192) = 640; the rest (biases, the head) is the same
     assert state_bytes(full) - estimate.total == 4 * (640 - 252)
     assert estimate.bytes_per_param < gradwise.estimate(net, gradwise.AdamW).bytes_per_param
+
+
+def test_wrapper_takes_a_transform_whose_hyperparameters_do_not_clash():
+    with pytest.raises(TypeError, match=r"inner=.* must be a Transform"):
+        project_low_rank(lambda u: u)
+    with pytest.raises(ValueError, match=r"inner declares \['proj_type', 'rank', 'scale', 'update_proj_gap'\]"):
+        project_low_rank(project_low_rank(trace()))

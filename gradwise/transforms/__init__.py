@@ -3,9 +3,9 @@
 from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
-from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
+from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
