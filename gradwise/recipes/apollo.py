@@ -16,7 +16,7 @@ def _chain():
 
 class APOLLO(Optimizer):
     """APOLLO (Zhu et al., 2024, arXiv:2412.05270) as apollo-torch's ``APOLLOAdamW`` with random
-    projections, with its names and defaults: for each matrix G of a group whose ``rank`` r is set
+    projections (``proj="svd"``: GaLore's SVD basis), with its names and defaults: for each matrix G of a group whose ``rank`` r is set
     (in the group, or here for every group), R = G P^T (or P^T G) with a random P redrawn every
     ``update_proj_gap`` steps, Adam moments of R give N = m / (sqrt(v) + eps), and
 
@@ -30,15 +30,15 @@ class APOLLO(Optimizer):
                  "scale": 1, "proj_type": "std", "scale_type": "channel"}], lr=1e-2)
 
     State per projected m x n matrix (m >= n): two m x r moments, a 0-d seed and a 0-d norm; the
-    projection is redrawn from the seed, never stored. apollo-torch's ``proj="svd"`` is not offered.
+    projection is redrawn from the seed, never stored (``proj="svd"`` stores its basis, as GaLore).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
-                 rank=None, update_proj_gap=200, scale=1.0, proj_type="std", scale_type="channel",
+                 rank=None, update_proj_gap=200, scale=1.0, proj_type="std", scale_type="channel", proj="random",
                  scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto"):
         super().__init__(params, _chain(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          correct_bias=correct_bias, rank=rank, update_proj_gap=update_proj_gap, scale=scale,
-                         proj_type=proj_type, scale_type=scale_type, scale_front=scale_front,
+                         proj_type=proj_type, scale_type=scale_type, proj=proj, scale_front=scale_front,
                          disable_nl=disable_nl, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
 
 
@@ -51,9 +51,9 @@ class APOLLOMini(APOLLO):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
-                 rank=1, update_proj_gap=200, scale=128.0, proj_type="std", scale_type="tensor",
+                 rank=1, update_proj_gap=200, scale=128.0, proj_type="std", scale_type="tensor", proj="random",
                  scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto"):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias,
                          rank=rank, update_proj_gap=update_proj_gap, scale=scale, proj_type=proj_type,
-                         scale_type=scale_type, scale_front=scale_front, disable_nl=disable_nl,
+                         scale_type=scale_type, proj=proj, scale_front=scale_front, disable_nl=disable_nl,
                          maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
