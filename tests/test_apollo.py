@@ -101,7 +101,8 @@ def test_state_dict_resumes_bit_identically():
         lambda net: gradwise.APOLLO(groups(net, **APOLLO), lr=0.01, weight_decay=0.1, compile=False))
     assert any(int(s.get("apollo.seed", 0)) > 6 for s in saved["state"].values()), "no redraw before the checkpoint"
     assert_resumes_bit_identically(lambda net: gradwise.APOLLOMini(net.parameters(), lr=0.01, compile=False))
-    assert_resumes_bit_identically(lambda net: gradwise.APOLLO(groups(net, **APOLLO, proj="svd"), lr=0.01, compile=False))
+    assert_resumes_bit_identically(
+        lambda net: gradwise.APOLLO(groups(net, **APOLLO, proj="svd"), lr=0.01, compile=False))
 
 
 @pytest.mark.parametrize("key, value, allowed", [

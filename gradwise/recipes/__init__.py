@@ -12,5 +12,6 @@ from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
 
-__all__ = ["APOLLO", "SGD", "SOAP", "APOLLOMini", "Adam", "AdamW", "GaLoreAdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
+__all__ = ["SGD", "SOAP", "Adam", "AdamW", "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
+__all__ += ["APOLLO", "APOLLOMini", "GaLoreAdamW"]

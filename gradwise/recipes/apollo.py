@@ -16,9 +16,10 @@ def _chain():
 
 class APOLLO(Optimizer):
     """APOLLO (Zhu et al., 2024, arXiv:2412.05270) as apollo-torch's ``APOLLOAdamW`` with random
-    projections (``proj="svd"``: GaLore's SVD basis), with its names and defaults: for each matrix G of a group whose ``rank`` r is set
-    (in the group, or here for every group), R = G P^T (or P^T G) with a random P redrawn every
-    ``update_proj_gap`` steps, Adam moments of R give N = m / (sqrt(v) + eps), and
+    projections (``proj="svd"``: GaLore's SVD basis), with its names and defaults: for each matrix G
+    of a group whose ``rank`` r is set (in the group, or here for every group), R = G P^T (or P^T G)
+    with a random P redrawn every ``update_proj_gap`` steps, Adam moments of R give
+    N = m / (sqrt(v) + eps), and
 
     p <- p - lr sqrt(1-b2^t)/(1-b1^t) sqrt(scale) limit(G * ||N_c|| / ||R_c||);  p <- p (1 - lr wd)
 

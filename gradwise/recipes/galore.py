@@ -15,7 +15,8 @@ class GaLoreAdamW(Optimizer):
     group), with R = project(g) (``project_low_rank``: an SVD basis refreshed every ``update_proj_gap``
     steps, ``proj_type`` std, reverse_std, left, right or full):
 
-    m <- b1 m + (1-b1) R;  v <- b2 v + (1-b2) R^2;  p <- p - lr sqrt(1-b2^t)/(1-b1^t) scale project_back(m / (sqrt(v) + eps));
+    m <- b1 m + (1-b1) R;  v <- b2 v + (1-b2) R^2;
+    p <- p - lr sqrt(1-b2^t)/(1-b1^t) scale project_back(m / (sqrt(v) + eps));
     then p <- p (1 - lr wd) (transformers' AdamW; ``correct_bias=False`` drops the bias corrections).
     Other parameters (vectors, and every parameter of a group with ``rank=None``, the default) get
     that AdamW unprojected. Typical use, as in galore-torch::

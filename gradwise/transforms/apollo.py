@@ -18,7 +18,8 @@ from gradwise.transforms.low_rank import (check_fits, choice, project, projected
 PROJ_TYPES = ("std", "reverse_std", "right", "left")
 SCALE_TYPES = ("channel", "tensor")
 PROJS = ("random", "svd")
-#: the norm-growth limiter (Fira; Chen et al., 2024, arXiv:2410.01623): the update's norm grows by at most this factor a step.
+#: the norm-growth limiter (Fira; Chen et al., 2024, arXiv:2410.01623): the update's norm grows by at
+#: most this factor a step.
 GROWTH_LIMIT = 1.01
 #: apollo-torch's floor on the denominators of its ratios.
 TINY = 1e-8
@@ -51,9 +52,9 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
     u <- sqrt(``scale``) u (before the limiter when ``scale_front``).
     Other parameters get ``inner`` as it is.
 
-    A random projection is never stored: it is redrawn every step from the 0-d ``seed`` state, which starts
-    at the parameter's index (in group order) + 1 and goes through ``state_dict``, so a resume is
-    exact. Seeds and draws follow apollo-torch's, so the trajectory matches it. It runs eagerly on
+    A random projection is never stored: it is redrawn every step from the 0-d ``seed`` state, which
+    starts at the parameter's index (in group order) + 1 and goes through ``state_dict``, so a resume
+    is exact. Seeds and draws follow apollo-torch's, so the trajectory matches it. It runs eagerly on
     whole tensors (``batched``), not on DTensor shards. ``rank`` larger than the side it projects raises.
     """
 
@@ -133,7 +134,8 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
         if ctx["proj"] == "svd":
             return (state["basis_left"][i], None) if side == "left" else (None, state["basis_right"][i])
         m, n = u.shape
-        basis = random_basis(int(state["seed"][i]), (rank, n) if side == "right" else (m, rank), rank, u.dtype, u.device)
+        shape = (rank, n) if side == "right" else (m, rank)
+        basis = random_basis(int(state["seed"][i]), shape, rank, u.dtype, u.device)
         return (None, basis) if side == "right" else (basis, None)
 
     @staticmethod
