@@ -143,6 +143,7 @@ def test_estimate_reports_the_small_state_it_allocates():
     # per bias: two moments of its length (16, 12, 1), the seed and the norm; and every step counter
     elements = 2 * (16 + 16 + 12) + 2 * (16 + 12 + 1)
     assert estimate.total == 4 * elements + 6 * (8 + 4 + 4)
+    assert estimate.by("format")["int64"] == 6 * 8 and "torch." not in estimate.table()
 
 
 @pytest.mark.slow
