@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test,arena]"
 	# references whose own requirements are loose or heavy: their real needs (numpy, matplotlib) are in .[test]
 	$(BIN)/pip install -q --no-deps ranger21==0.1.0 pytorch-optimizer==4.1.0
+	# GaLore and APOLLO references: their requirements (transformers, bitsandbytes) would pull a GPU stack;
+	# transformers and huggingface_hub only need to import, their import needs are in .[test]
+	$(BIN)/pip install -q --no-deps galore-torch==1.0 apollo-torch==1.0.3 transformers==5.24.0 huggingface_hub==2.4.0 bitsandbytes==0.50.2
 	touch $(STAMP)
 
 test: $(STAMP)

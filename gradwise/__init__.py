@@ -28,8 +28,12 @@ from gradwise.recipes import (
     schedule_free,
 )
 from gradwise.recipes import CAME, Adafactor, AdamMini
+from gradwise.recipes.apollo import APOLLO, APOLLOMini
+from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.state import StatePolicy
 from gradwise.state.estimate import estimate
+from gradwise.transforms.apollo import scale_by_apollo
+from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms import (
     add_decayed_weights,
     lookahead,
@@ -60,4 +64,5 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_lion", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
-__all__ += ["CAME", "Adafactor", "AdamMini"]
+__all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
+            "scale_by_apollo"]

@@ -95,6 +95,49 @@ def recipe_state_bytes(size: str, measure: bool = False, log=print) -> list[dict
     return rows
 
 
+#: the low-rank recipes on the GPT-2 set: the attention and MLP matrices are projected, embeddings, norms
+#: and biases not; rank None: width / 3 (256 at width 768, the GaLore and APOLLO papers' rank at 130M).
+LOW_RANK = {"GaLoreAdamW": dict(rank=None), "APOLLO": dict(rank=None), "APOLLOMini": dict(rank=1)}
+
+
+def low_rank_state_bytes(size: str, measure: bool = False, log=print) -> list[dict]:
+    """State bytes per parameter element of AdamW and of the low-rank recipes (see ``LOW_RANK``)."""
+    import torch
+
+    import gradwise
+    from gradwise.bench_step import SIZES, gpt2_shapes, state_bytes
+    from gradwise.transforms.route import matrices
+
+    shapes = gpt2_shapes(*SIZES[size])
+    rows = []
+    for label, projection in {"AdamW": {}, **LOW_RANK}.items():
+        projection = {k: v or SIZES[size][2] // 3 for k, v in projection.items()}
+        def groups(device):
+            params = [(name, torch.nn.Parameter(torch.empty(shape, device=device))) for name, shape in shapes]
+            matrix = [matrices(n, p) == "matrix" for n, p in params]
+            return [{"params": [q for q, m in zip(params, matrix) if not m], **({"rank": None} if projection else {})},
+                    {"params": [q for q, m in zip(params, matrix) if m], **projection}]
+
+        recipe = getattr(gradwise, label)
+        predicted = gradwise.estimate(groups("meta"), recipe)
+        matrix_numel = sum(p.numel() for _, p in groups("meta")[1]["params"])
+        row = {"recipe": label, "predicted_per_param": predicted.bytes_per_param,
+               "matrices_per_param": predicted.by("group")[1] / matrix_numel}
+        if measure:
+            log(f"one {label} step on {size}")
+            opt = recipe(groups("cpu"), lr=1e-3, compile=False)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.data.normal_(0, 0.02)
+                    p.grad = torch.randn_like(p) * 1e-3
+            start = time.perf_counter()
+            opt.step()
+            row.update(measured_per_param=state_bytes(opt) / predicted.params, eager_step_s=time.perf_counter() - start)
+            del opt
+        rows.append(row)
+    return rows
+
+
 def outlier_task(seed: int):
     """Batches of the quality task: y = tanh(3 x_n w) + 0.1 sin(x_4) with x_n the input without its
     outlier scales, so the outlier features matter no more than the others."""
@@ -196,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
     parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
-    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated AdamW state formats ('' skips)")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="comma-separated AdamW state formats for the bytes table ('' skips it)")
     parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
                         help="comma-separated formats for the quality runs ('' skips them)")
     parser.add_argument("--steps", type=int, default=400)
@@ -213,17 +257,23 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
-    print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
-    print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
-    formats = tuple(f for f in args.formats.split(",") if f)
-    for r in state_bytes_per_param(args.size, formats, measure=args.measure, log=log):
-        measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
-        print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
+    if args.formats:
+        print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
+        print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+        for r in state_bytes_per_param(args.size, args.formats.split(","), measure=args.measure, log=log):
+            measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_bytes" in r else ""
+            print(f"{r['format']:<8}{r['predicted_per_param']:>12.4f}{measured}")
     print(f"\nMemory-lean recipes, state bytes per parameter element, {args.size} GPT-2 set (fp32 state)")
     print(f"{'recipe':<24}{'predicted':>12}{'measured':>12}")
     for r in recipe_state_bytes(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}" if "measured_per_param" in r else ""
         print(f"{r['recipe']:<24}{r['predicted_per_param']:>12.4f}{measured}")
+    print(f"\nLow-rank recipes, state bytes per parameter element, {args.size} GPT-2 set (attention and MLP"
+          " matrices projected; 'matrices': their state over their elements, step counters included)")
+    print(f"{'recipe':<14}{'matrices':>10}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
+    for r in low_rank_state_bytes(args.size, measure=args.measure, log=log):
+        measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_per_param" in r else ""
+        print(f"{r['recipe']:<14}{r['matrices_per_param']:>10.4f}{r['predicted_per_param']:>12.4f}{measured}")
     formats = [f for f in args.quality_formats.split(",") if f]
     if formats:
         if "fp32" not in formats:

@@ -67,6 +67,18 @@ def _came(params, **kwargs):
     return CAME(params, **kwargs)
 
 
+def _galore(params, **kwargs):
+    from galore_torch import GaLoreAdamW
+
+    return GaLoreAdamW(params, no_deprecation_warning=True, **kwargs)
+
+
+def _apollo(params, **kwargs):
+    from apollo_torch import APOLLOAdamW
+
+    return APOLLOAdamW(params, **kwargs)
+
+
 CASES = [
     Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
     Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
@@ -94,6 +106,12 @@ CASES = [
     # updated inside backward (fused_backward=True by default); float64 references in tests/test_lomo.py
     Case("lomo", gradwise.LOMO, None, dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
     Case("adalomo", gradwise.AdaLomo, None, dict(lr=0.01, weight_decay=0.01)),
+    # unprojected here (the references project only groups that carry "rank"): tests/test_galore.py and
+    # tests/test_apollo.py compare the projections step by step, APOLLO-Mini's included
+    Case("galore-adamw", gradwise.GaLoreAdamW, _galore, dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1),
+         compiles=False),
+    Case("apollo", gradwise.APOLLO, _apollo, dict(lr=0.01, eps=1e-7, weight_decay=0.1), compiles=False),
+    Case("apollo-mini", gradwise.APOLLOMini, None, dict(lr=0.01, weight_decay=0.1), compiles=False),
 ]
 
 #: the cases with a reference optimizer to compare against step by step

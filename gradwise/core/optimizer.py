@@ -125,14 +125,14 @@ class Optimizer(torch.optim.Optimizer):
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
-        # torch.optim casts floating-point state to its parameter's dtype, but a transform chooses the
-        # dtype of its state (float32 for 16-bit parameters, float64 running scalars), so put back the
-        # saved values, uncast.
+        # torch.optim casts state to its parameter's dtype, but a transform chooses the dtype of its
+        # state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64 seeds, which
+        # float32 would round), so put back the saved values, uncast.
         saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
         for saved_id, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(saved_id, {}).items():
-                if isinstance(value, Tensor) and value.is_floating_point() and key in self.state[p] \
+                if isinstance(value, Tensor) and key in self.state[p] \
                         and self.state[p][key].dtype != value.dtype:
                     self.state[p][key] = value.to(device=p.device)
         self._encoded.after_load(self, state_dict)
@@ -142,10 +142,15 @@ class Optimizer(torch.optim.Optimizer):
             spec.validate(key, group[key])
 
     def _check_inputs(self) -> None:
-        """Before anything changes: every group's hyperparameters are valid and every gradient dense."""
+        """Before anything changes: every group's hyperparameters are valid, every gradient dense, and
+        the chain accepts every parameter it has no state for yet (``init`` on the meta device may
+        refuse one, as GaLore refuses a rank above min(m, n))."""
         for index, group in enumerate(self.param_groups):
             self._validate(group)
             for p in group["params"]:
+                if p.grad is not None and p not in self.state:
+                    shape = torch.view_as_real(p).shape if p.is_complex() else p.shape
+                    self.transform.for_group(group).init(torch.empty(shape, dtype=p.dtype, device="meta"), group)
                 if p.grad is not None and p.grad.is_sparse:
                     raise TypeError(
                         f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
@@ -318,6 +323,7 @@ class Optimizer(torch.optim.Optimizer):
         transform = self.transform.for_group(group)
         if "step" not in state or any(not has_buffer(state, k) for k in transform.state):
             fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
+            transform.seed(fresh, self._position(p))
             names = group.get("param_names")
             name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
             self._encoded.init(state, fresh, p, name, self._position(p))

@@ -73,6 +73,12 @@ class Transform:
         dtype = state_dtype(param)
         return {key: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format) for key in self.state}
 
+    def seed(self, state: Mapping[str, Tensor], index: int) -> None:
+        """Called once on a parameter's freshly made state (``init``'s buffers) with the parameter's
+        index among all the optimizer's parameters, in group order: a seed that is the same in every
+        run and every process, for state drawn at random (APOLLO's projections). The default does nothing.
+        """
+
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         """Per-step constants computed in Python from the hyperparameters and the step count (e.g.
         Adam's bias corrections). They reach ``update`` as 0-d tensors, computed once per step rather
@@ -174,6 +180,11 @@ class Chain(Transform):
         for name, t in self.links():
             out.update({f"{name}.{k}": v for k, v in t.init(param, group).items()})
         return out
+
+    def seed(self, state: Mapping[str, Tensor], index: int) -> None:
+        for name, t in self.links():
+            if overrides(t, "seed"):
+                t.seed(_strip(name, state), index)
 
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         return {f"{name}.{k}": v for name, t in self.links() for k, v in t.scalars(hyper, step).items()}

@@ -3,6 +3,8 @@ from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
 from gradwise.recipes.came import CAME
+from gradwise.recipes.apollo import APOLLO, APOLLOMini
+from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.lomo import LOMO, AdaLomo
@@ -17,4 +19,4 @@ from gradwise.recipes.soap import SOAP
 __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
-__all__ += ["CAME", "Adafactor", "AdamMini"]
+__all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]

@@ -123,7 +123,7 @@ def _estimate(optimizer: Any) -> StateEstimate:
                 if codec is not None and value.is_floating_point() and value.shape == p.shape:
                     fmt, nbytes = codec.tag, codec.nbytes(value.shape, buffer not in engine.nonnegative)
                 else:
-                    fmt, nbytes = str(value.dtype).replace("torch.float", "fp"), value.numel() * value.element_size()
+                    fmt, nbytes = _dtype_label(value.dtype), value.numel() * value.element_size()
                 counts[(index, fmt)][0] += 1
                 counts[(index, fmt)][1] += nbytes
             counts[(index, "step counters")][0] += 1
@@ -131,3 +131,9 @@ def _estimate(optimizer: Any) -> StateEstimate:
     rows = [{"group": g, "format": f, "buffers": n, "bytes": b}
             for (g, f), (n, b) in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] == "step counters"))]
     return StateEstimate(rows, params)
+
+
+def _dtype_label(dtype: torch.dtype) -> str:
+    """``fp32`` for torch.float32, ``int64`` for torch.int64 (APOLLO's seeds), ``bfloat16`` as it is."""
+    name = str(dtype).removeprefix("torch.")
+    return name.replace("float", "fp") if name.startswith("float") else name

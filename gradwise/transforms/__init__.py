@@ -1,8 +1,9 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
 from gradwise.transforms.adalomo import scale_by_adalomo
-from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
+from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
+from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
 from gradwise.transforms.clipping import clip_by_value
 from gradwise.transforms.factored import (
@@ -14,6 +15,7 @@ from gradwise.transforms.factored import (
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
+from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -24,7 +26,7 @@ from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_fr
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
-from gradwise.transforms.weight_decay import add_decayed_weights
+from gradwise.transforms.weight_decay import add_decayed_weights, decay_stepped_weights
 
 __all__ = [
     "add_decayed_weights",
@@ -34,13 +36,18 @@ __all__ = [
     "clip_by_agc",
     "clip_by_block_rms",
     "clip_by_value",
+    "decay_stepped_weights",
     "lookahead",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
+    "project_low_rank",
     "route",
     "scale_by_adalomo",
     "scale_by_adam",
     "scale_by_adam_mini",
+    "scale_by_adam_moments",
+    "scale_by_apollo",
+    "scale_by_bias_correction",
     "scale_by_came_rms",
     "scale_by_confidence",
     "scale_by_factored_rms",

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
+from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 
 
@@ -86,3 +86,50 @@ class scale_by_nadam(Transform):  # noqa: N801
             momentum_coef = mu_next / (1 - mu_product * mu_next)
             out.append((u * grad_coef + m * momentum_coef) / denom)
         return out
+
+
+class scale_by_adam_moments(Transform):  # noqa: N801
+    """Adam's ratio without bias correction, eps added to sqrt(v) (the Adam of Hugging Face
+    transformers' AdamW, which galore-torch and apollo-torch build on):
+
+    m <- b1 m + (1-b1) u;  v <- b2 v + (1-b2) u^2;  u <- m / (sqrt(v) + eps)
+
+    Follow it with ``scale_by_bias_correction`` for that AdamW. Kept apart so that a transform between
+    the two (APOLLO's norm-growth limiter) sees the uncorrected ratio, as the reference does.
+    """
+
+    name = "adam"
+    state = ("exp_avg", "exp_avg_sq")
+    nonnegative = ("exp_avg_sq",)
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-6, positive)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        # 1 - b in double, as the reference does: in float32, 1 - 0.999 is off by 1.3e-5 relative
+        b1, b2 = hyper["betas"]
+        return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b1, b2 = ctx["betas"]
+        out = []
+        for u, m, v in zip(updates, state["exp_avg"], state["exp_avg_sq"]):
+            m.mul_(b1).add_(u * ctx["one_minus_beta1"])
+            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
+            out.append(m / (v.sqrt() + ctx["eps"]))
+        return out
+
+
+class scale_by_bias_correction(Transform):  # noqa: N801
+    """u <- sqrt(1 - b2^t) / (1 - b1^t) u at step t, or u unchanged when ``correct_bias`` is False
+    (Adam's bias corrections applied to the step size, as transformers' AdamW does)."""
+
+    name = "bias_correction"
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "correct_bias": Hyper(True, boolean, static=True)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = hyper["betas"]
+        return {"factor": math.sqrt(1 - b2**step) / (1 - b1**step)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx["correct_bias"]:
+            return updates
+        return [u * ctx["factor"] for u in updates]

@@ -32,3 +32,19 @@ class add_decayed_weights(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return "add_decayed_weights(after_lr=True)" if self.after_lr else "add_decayed_weights()"
+
+class decay_stepped_weights(Transform):  # noqa: N801
+    """u <- u - lr wd (p + u), placed after ``scale_by_learning_rate``: decoupled weight decay applied
+    to the parameter after its step, p <- (p + u)(1 - lr wd), as Hugging Face transformers' AdamW
+    (and galore-torch and apollo-torch after it) do. It differs from ``add_decayed_weights`` before
+    ``scale_by_learning_rate`` by lr wd u, a second-order term.
+    """
+
+    name = "stepped_weight_decay"
+    hyper = {"weight_decay": Hyper(0.0, non_negative, zero_is_identity=True), "lr": Hyper(1e-3, non_negative)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("weight_decay"):
+            return updates
+        decay = ctx["lr"] * ctx["weight_decay"]
+        return [u - (p + u) * decay for u, p in zip(updates, ctx.params)]
