@@ -199,6 +199,7 @@ def test_list_names_everything(capsys):
         assert name in out
 
 
+@pytest.mark.slow
 def test_set_targets_procedure(tmp_path):
     from statistics import median
 
@@ -206,11 +207,14 @@ def test_set_targets_procedure(tmp_path):
     from gradwise.arena.targets import committed_target, load_targets
 
     store = Store(str(tmp_path / "t.db"))
-    entry = set_target(store, "digits_cnn", trials=1, seeds=3, budget_scale=0.05)
+    entry = set_target(store, "digits_cnn", trials=1, seeds=3, budget_scale=0.05, workers=2)
     assert entry["algorithm"] in TARGET_SETTERS and set(entry["tuning_best"]) == set(TARGET_SETTERS)
     assert entry["tuning_best"][entry["algorithm"]] == max(entry["tuning_best"].values())
     assert len(entry["per_seed_best"]) == 3 and entry["target"] == median(entry["per_seed_best"])
     assert entry["step_budget"] == 30 and entry["machine"]["threads"] == 1 and entry["date"]
+    studies = store.studies()  # every trial ran its whole step budget: no time limit, so no load dependence
+    assert len(studies) == 7 and all(s["spec"]["max_runtime"] == float("inf") for s in studies)
+    assert all(r["steps"] == 30 or r["diverged"] for s in studies for r in s["records"])
     path = tmp_path / "targets.json"
     write_targets({"digits_cnn": entry}, path)
     assert committed_target("digits_cnn", path) == entry["target"] and set(load_targets(path)) == {"digits_cnn"}

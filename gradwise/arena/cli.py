@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--budget-scale", type=_positive(float), default=1.0, help="for smoke runs only")
     targets.add_argument("--storage", default="arena-results/targets.db")
     targets.add_argument("--threads", type=_positive(int), default=1)
+    targets.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
     commands.add_parser("list", help="workloads, optimizers and self-tuning defaults")
 
@@ -181,15 +182,23 @@ def cmd_set_targets(args) -> int:
     results = {}
     for w in workloads:
         results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
-                                budget_scale=args.budget_scale,
+                                workers=args.workers, budget_scale=args.budget_scale,
                                 on_trial=lambda p, c, r: r and print(
                                     f"  {p.name} #{c.index}: best {r['metric']} {r['best_metric']:.4g}"))
+        results[w]["command"] = _set_targets_command(args)
         print(f"{w}: target {results[w]['metric']} {results[w]['target']:.4g} ({results[w]['algorithm']},"
               f" per seed {[round(v, 4) for v in results[w]['per_seed_best']]})")
     if not args.dry_run:
         write_targets(results)
         print("wrote gradwise/arena/targets.json")
     return 0
+
+
+def _set_targets_command(args) -> str:
+    """The command line that reproduces this target setting, every option spelled out."""
+    return (f"gradwise arena set-targets --workloads {args.workloads} --trials {args.trials} --seeds {args.seeds}"
+            f" --threads {args.threads} --workers {args.workers} --budget-scale {args.budget_scale:g}"
+            f" --storage {args.storage}")
 
 
 def cmd_list(args) -> int:

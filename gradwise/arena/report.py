@@ -6,6 +6,7 @@ import html
 import math
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from gradwise.arena import scoring
@@ -104,12 +105,13 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
 
 
 def plot_memory(group: dict, path: Path) -> None:
-    """Optimizer state, exact: bytes per parameter and in total. (Each record also holds the process's peak
-    resident memory, but trials share one process and its allocator, so that figure is not per trial.)"""
+    """Optimizer state, exact: bytes per parameter and in total; and each trial's peak resident memory above
+    its start (model, activations, state and allocator slack; per trial on Linux, see ``runner``), median
+    over the submission's trials on the workload."""
     plt = _plt()
     subs = sorted({s for s, _ in group["records"]})
     workloads = sorted({w for _, w in group["records"]})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
     width = 0.8 / max(1, len(subs))
     for i, sub in enumerate(subs):
         for j, wl in enumerate(workloads):
@@ -120,12 +122,19 @@ def plot_memory(group: dict, path: Path) -> None:
             label = sub if j == 0 else None
             ax1.bar(x, records[0]["state_bytes"] / records[0]["params"], width, color=f"C{i}", label=label)
             ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=label)
+            growth = [r["peak_rss_mb"] - r["rss_start_mb"] for r in records
+                      if r.get("peak_rss_scope") == "trial" and r.get("rss_start_mb") is not None]
+            if growth:
+                ax3.bar(x, max(median(growth), 0.01), width, color=f"C{i}", label=label)
     ax2.set_yscale("log")
-    for ax, label in ((ax1, "optimizer state bytes per parameter"), (ax2, "optimizer state (KiB)")):
-        ax.set_xticks(range(len(workloads)), workloads, fontsize=8)
+    ax3.set_yscale("log")
+    for ax, label in ((ax1, "optimizer state bytes per parameter"), (ax2, "optimizer state (KiB)"),
+                      (ax3, "peak RSS above trial start (MiB)")):
+        ax.set_xticks(range(len(workloads)), workloads, fontsize=8, rotation=15)
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
