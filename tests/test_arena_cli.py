@@ -197,6 +197,14 @@ def test_list_names_everything(capsys):
     out = capsys.readouterr().out
     for name in [*WORKLOADS, "torch.AdamW", "NAdamW", "self-tuning Lion"]:
         assert name in out
+    assert "Lookahead" not in out and "schedule_free" not in out  # wrappers, not optimizers
+
+
+def test_wrappers_are_not_entries():
+    import torch
+
+    with pytest.raises(ValueError, match="unknown optimizer 'Lookahead'.*'AdamW'"):
+        build_optimizer("Lookahead", {}, torch.nn.Linear(2, 1).parameters(), 10)
 
 
 @pytest.mark.slow
