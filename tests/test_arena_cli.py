@@ -211,6 +211,7 @@ def test_wrappers_are_not_entries():
 def test_set_targets_procedure(tmp_path):
     from statistics import median
 
+    from gradwise.arena.report import write_report
     from gradwise.arena.set_targets import TARGET_SETTERS, set_target, write_targets
     from gradwise.arena.targets import committed_target, load_targets
 
@@ -223,6 +224,10 @@ def test_set_targets_procedure(tmp_path):
     studies = store.studies()  # every trial ran its whole step budget: no time limit, so no load dependence
     assert len(studies) == 7 and all(s["spec"]["max_runtime"] == float("inf") for s in studies)
     assert all(r["steps"] == 30 or r["diverged"] for s in studies for r in s["records"])
+    # the report reads a target-setting store too (no targets, no time budget): curves of the best trials
+    report = write_report(studies, tmp_path / "report", None, "torch.AdamW")
+    assert all((tmp_path / "report" / f"{r}_{f}.png").stat().st_size > 0 for r in ("self", "external")
+               for f in ("profiles", "curves", "time_to_target", "steps_to_target", "memory")) and report.exists()
     path = tmp_path / "targets.json"
     write_targets({"digits_cnn": entry}, path)
     assert committed_target("digits_cnn", path) == entry["target"] and set(load_targets(path)) == {"digits_cnn"}
