@@ -69,7 +69,7 @@ def plot_curves(group: dict, targets: dict[str, tuple[float, str]], path: Path) 
             first = [r for r in records if r.get("study_index", 0) == 0] or records
             sign = -1 if metric == "accuracy" else 1  # no trial reached: the one with the best metric
             best = min(first, key=lambda r: (r["time_to_target"] if r["time_to_target"] is not None else math.inf,
-                                             sign * (r["best_metric"] if r["best_metric"] is not None else math.inf)))
+                                             sign * r["best_metric"] if r["best_metric"] is not None else math.inf))
             points = [p for p in best["curve"] if metric in p]
             ax.plot([p["time"] for p in points], [p[metric] for p in points], marker=".", label=sub)
             values += [p[metric] for p in points]
