@@ -78,7 +78,7 @@ def plot_curves(group: dict, targets: dict[str, tuple[float, str]], path: Path) 
         positive = [v for v in values if 0 < v < math.inf]
         if metric != "accuracy" and positive and max(positive) > 10 * min(positive):  # else linear reads better
             ax.set_yscale("log")
-        elif math.isfinite(target):  # zoom on the approach to the target; early evaluations fall below
+        elif metric == "accuracy" and math.isfinite(target):  # zoom on the approach to the target
             ax.set_ylim(max(0.0, target - 0.15), min(1.0, target + 0.03) + 0.005)
         ax.set(title=wl, xlabel="training time (s)", ylabel=f"validation {metric}")
         ax.grid(alpha=0.3)
