@@ -49,7 +49,8 @@ def test_work_records_every_trial_once_with_halton_points(tmp_path):
 def _run_cli(storage: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gradwise.cli", "arena", "run", "--workloads", "lstsq_ill_conditioned",
-         "--optimizers", "AdamW,SGD", "--studies", "3", "--budget-scale", "0.15", "--storage", str(storage),
+         "--optimizers", "AdamW,SGD", "--studies", "3", "--budget-scale", "0.15", "--no-time-limit",
+         "--storage", str(storage),
          "--out", str(out), "--no-live"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

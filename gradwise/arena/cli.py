@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--budget-scale", type=_positive(float), default=1.0,
                      help="multiply every workload's step and time budget (default 1)")
     run.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
+    run.add_argument("--no-time-limit", action="store_true", help="stop trials at the target or the step budget"
+                     " only, not the time budget (results then do not depend on the machine's load)")
     run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
     _common(run, suite=False)
     run.add_argument("--no-live", action="store_true", help="plain log lines instead of the live leaderboard")
@@ -104,7 +106,7 @@ def _plans(args):
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
-                                suite=name)]
+                                suite=name, time_limit=not args.no_time_limit)]
 
 
 def _open(storage: str, create: bool = True):
