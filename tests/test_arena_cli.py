@@ -197,20 +197,37 @@ def test_list_names_everything(capsys):
     out = capsys.readouterr().out
     for name in [*WORKLOADS, "torch.AdamW", "NAdamW", "self-tuning Lion"]:
         assert name in out
+    assert "Lookahead" not in out and "schedule_free" not in out  # wrappers, not optimizers
 
 
+def test_wrappers_are_not_entries():
+    import torch
+
+    with pytest.raises(ValueError, match="unknown optimizer 'Lookahead'.*'AdamW'"):
+        build_optimizer("Lookahead", {}, torch.nn.Linear(2, 1).parameters(), 10)
+
+
+@pytest.mark.slow
 def test_set_targets_procedure(tmp_path):
     from statistics import median
 
+    from gradwise.arena.report import write_report
     from gradwise.arena.set_targets import TARGET_SETTERS, set_target, write_targets
     from gradwise.arena.targets import committed_target, load_targets
 
     store = Store(str(tmp_path / "t.db"))
-    entry = set_target(store, "digits_cnn", trials=1, seeds=3, budget_scale=0.05)
+    entry = set_target(store, "digits_cnn", trials=1, seeds=3, budget_scale=0.05, workers=2)
     assert entry["algorithm"] in TARGET_SETTERS and set(entry["tuning_best"]) == set(TARGET_SETTERS)
     assert entry["tuning_best"][entry["algorithm"]] == max(entry["tuning_best"].values())
     assert len(entry["per_seed_best"]) == 3 and entry["target"] == median(entry["per_seed_best"])
     assert entry["step_budget"] == 30 and entry["machine"]["threads"] == 1 and entry["date"]
+    studies = store.studies()  # every trial ran its whole step budget: no time limit, so no load dependence
+    assert len(studies) == 7 and all(s["spec"]["max_runtime"] == float("inf") for s in studies)
+    assert all(r["steps"] == 30 or r["diverged"] for s in studies for r in s["records"])
+    # the report reads a target-setting store too (no targets, no time budget): curves of the best trials
+    report = write_report(studies, tmp_path / "report", None, "torch.AdamW")
+    assert all((tmp_path / "report" / f"{r}_{f}.png").stat().st_size > 0 for r in ("self", "external")
+               for f in ("profiles", "curves", "time_to_target", "steps_to_target", "memory")) and report.exists()
     path = tmp_path / "targets.json"
     write_targets({"digits_cnn": entry}, path)
     assert committed_target("digits_cnn", path) == entry["target"] and set(load_targets(path)) == {"digits_cnn"}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from optuna.trial import TrialState
+
 from gradwise.arena.rulesets import Entry, plan, self_tuning_entry, work
 from gradwise.arena.store import Store
 
@@ -47,7 +49,8 @@ def test_work_records_every_trial_once_with_halton_points(tmp_path):
 def _run_cli(storage: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gradwise.cli", "arena", "run", "--workloads", "lstsq_ill_conditioned",
-         "--optimizers", "AdamW,SGD", "--studies", "3", "--budget-scale", "0.15", "--storage", str(storage),
+         "--optimizers", "AdamW,SGD", "--studies", "3", "--budget-scale", "0.15", "--no-time-limit",
+         "--storage", str(storage),
          "--out", str(out), "--no-live"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -119,3 +122,38 @@ def test_recover_requeues_trials_of_dead_processes_only(tmp_path):
     assert store.recover(p.name) == 1
     again = store.claim(p.name)
     assert again is not None and (again.index, again.seed) == (claimed.index, claimed.seed)
+
+
+DIE_AT_OWNER = """
+import os, sys
+from gradwise.arena.store import Store
+store = Store(sys.argv[1])
+write = store.storage.set_trial_user_attr
+def die_at_owner(trial_id, key, value):
+    if key == "worker":
+        os._exit(3)  # claimed, owner not yet written
+    write(trial_id, key, value)
+store.storage.set_trial_user_attr = die_at_owner
+store.claim(sys.argv[2])
+"""
+
+
+def test_claimer_that_dies_before_writing_its_owner_is_requeued_at_once(tmp_path, monkeypatch):
+    db = str(tmp_path / "a.db")
+    store = Store(db)
+    first, second = plan(self_tuning_entry("AdamW"), "digits_cnn", studies=2, budget_scale=0.1, suite="t")
+    for p in (first, second):
+        store.prepare(*_prep(p))
+    died = subprocess.run([sys.executable, "-c", DIE_AT_OWNER, db, first.name], capture_output=True, text=True)
+    assert died.returncode == 3, died.stderr
+    [orphan] = store.storage.get_all_trials(store.storage.get_study_id_from_name(first.name), deepcopy=False)
+    assert orphan.state == TrialState.RUNNING and "worker" not in orphan.user_attrs
+    assert store.recover(first.name) == 1  # at once: its only claimer is a dead process on this host
+    claimed = store.claim(first.name)
+    assert claimed is not None and (claimed.index, claimed.seed) == (orphan.user_attrs["index"], 0)
+    # an ownerless trial whose claimer is alive (this process, between its claim and its owner) stays RUNNING
+    write = store.storage.set_trial_user_attr
+    monkeypatch.setattr(store.storage, "set_trial_user_attr",
+                        lambda trial_id, key, value: None if key == "worker" else write(trial_id, key, value))
+    assert store.claim(second.name) is not None
+    assert store.recover(second.name) == 0

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--budget-scale", type=_positive(float), default=1.0,
                      help="multiply every workload's step and time budget (default 1)")
     run.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
+    run.add_argument("--no-time-limit", action="store_true", help="stop trials at the target or the step budget"
+                     " only, not the time budget (results then do not depend on the machine's load)")
     run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
     _common(run, suite=False)
     run.add_argument("--no-live", action="store_true", help="plain log lines instead of the live leaderboard")
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--budget-scale", type=_positive(float), default=1.0, help="for smoke runs only")
     targets.add_argument("--storage", default="arena-results/targets.db")
     targets.add_argument("--threads", type=_positive(int), default=1)
+    targets.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
     commands.add_parser("list", help="workloads, optimizers and self-tuning defaults")
 
@@ -103,7 +106,7 @@ def _plans(args):
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
-                                suite=name)]
+                                suite=name, time_limit=not args.no_time_limit)]
 
 
 def _open(storage: str, create: bool = True):
@@ -181,15 +184,23 @@ def cmd_set_targets(args) -> int:
     results = {}
     for w in workloads:
         results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
-                                budget_scale=args.budget_scale,
+                                workers=args.workers, budget_scale=args.budget_scale,
                                 on_trial=lambda p, c, r: r and print(
                                     f"  {p.name} #{c.index}: best {r['metric']} {r['best_metric']:.4g}"))
+        results[w]["command"] = _set_targets_command(args)
         print(f"{w}: target {results[w]['metric']} {results[w]['target']:.4g} ({results[w]['algorithm']},"
               f" per seed {[round(v, 4) for v in results[w]['per_seed_best']]})")
     if not args.dry_run:
         write_targets(results)
         print("wrote gradwise/arena/targets.json")
     return 0
+
+
+def _set_targets_command(args) -> str:
+    """The command line that reproduces this target setting, every option spelled out."""
+    return (f"gradwise arena set-targets --workloads {args.workloads} --trials {args.trials} --seeds {args.seeds}"
+            f" --threads {args.threads} --workers {args.workers} --budget-scale {args.budget_scale:g}"
+            f" --storage {args.storage}")
 
 
 def cmd_list(args) -> int:

@@ -6,6 +6,7 @@ import html
 import math
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from gradwise.arena import scoring
@@ -27,6 +28,15 @@ def _fmt_time(t: float) -> str:
 
 def _fmt_steps(s: float) -> str:
     return "miss" if not math.isfinite(s) else f"{s:.0f}"
+
+
+def _log_axis(ax, values: list[float]) -> None:
+    """Log-scale the y axis over whole decades around the positive finite ``values``, so bars of nearly equal
+    height look nearly equal (matplotlib's own limits would zoom in on their difference)."""
+    ax.set_yscale("log")
+    shown = [v for v in values if 0 < v < math.inf]
+    if shown:
+        ax.set_ylim(10 ** math.floor(math.log10(min(shown))), 10 ** math.ceil(math.log10(max(shown)) + 1e-9))
 
 
 def plot_profiles(rows: list[dict], path: Path, title: str) -> None:
@@ -52,17 +62,23 @@ def plot_curves(group: dict, targets: dict[str, tuple[float, str]], path: Path) 
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
     for ax, wl in zip(axes[0], workloads):
         target, metric = targets[wl]
+        values: list[float] = []
         for (sub, w), records in sorted(group["records"].items()):
             if w != wl or not records:
                 continue
             first = [r for r in records if r.get("study_index", 0) == 0] or records
-            best = min(first, key=lambda r: r["time_to_target"] if r["time_to_target"] is not None else math.inf)
+            sign = -1 if metric == "accuracy" else 1  # no trial reached: the one with the best metric
+            best = min(first, key=lambda r: (r["time_to_target"] if r["time_to_target"] is not None else math.inf,
+                                             sign * r["best_metric"] if r["best_metric"] is not None else math.inf))
             points = [p for p in best["curve"] if metric in p]
             ax.plot([p["time"] for p in points], [p[metric] for p in points], marker=".", label=sub)
-        ax.axhline(target, color="black", linestyle="--", linewidth=1, label="target")
-        if metric != "accuracy":
+            values += [p[metric] for p in points]
+        if math.isfinite(target):  # target-setting studies have none
+            ax.axhline(target, color="black", linestyle="--", linewidth=1, label="target")
+        positive = [v for v in values if 0 < v < math.inf]
+        if metric != "accuracy" and positive and max(positive) > 10 * min(positive):  # else linear reads better
             ax.set_yscale("log")
-        elif math.isfinite(target):  # zoom on the approach to the target; early evaluations fall below
+        elif metric == "accuracy" and math.isfinite(target):  # zoom on the approach to the target
             ax.set_ylim(max(0.0, target - 0.15), min(1.0, target + 0.03) + 0.005)
         ax.set(title=wl, xlabel="training time (s)", ylabel=f"validation {metric}")
         ax.grid(alpha=0.3)
@@ -86,14 +102,16 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
             if math.isfinite(t):
                 ax.bar(x, t, width, color=f"C{i}", label=row["submission"] if j == 0 else None)
             else:  # hatched up to the time budget; for steps, a label on the axis
-                height = budgets[wl] if key == "times" else 0
+                height = budgets[wl] if key == "times" and math.isfinite(budgets[wl]) else 0
                 if height:
                     ax.bar(x, height, width, color="white", edgecolor=f"C{i}", hatch="//",
                            label=row["submission"] if j == 0 else None)
                 ax.annotate("miss", (x, height), xycoords=("data", "data") if height else ("data", "axes fraction"),
                             ha="center", va="bottom", fontsize=7, color=f"C{i}")
     ax.set_xticks(range(len(workloads)), workloads)
-    ax.set_yscale("log")
+    ax.set_xlim(-0.5, len(workloads) - 0.5)
+    _log_axis(ax, [row[key].get(wl, math.inf) for row in rows for wl in workloads]
+              + ([b for b in budgets.values()] if key == "times" else []))
     ax.set(ylabel=ylabel)
     ax.grid(axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -104,12 +122,13 @@ def plot_bars(rows: list[dict], budgets: dict[str, float], path: Path, key: str 
 
 
 def plot_memory(group: dict, path: Path) -> None:
-    """Optimizer state, exact: bytes per parameter and in total. (Each record also holds the process's peak
-    resident memory, but trials share one process and its allocator, so that figure is not per trial.)"""
+    """Optimizer state, exact: bytes per parameter and in total; and each trial's peak resident memory above
+    its start (model, activations, state and allocator slack; per trial on Linux, see ``runner``), median
+    over the submission's trials on the workload."""
     plt = _plt()
     subs = sorted({s for s, _ in group["records"]})
     workloads = sorted({w for _, w in group["records"]})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
     width = 0.8 / max(1, len(subs))
     for i, sub in enumerate(subs):
         for j, wl in enumerate(workloads):
@@ -120,12 +139,19 @@ def plot_memory(group: dict, path: Path) -> None:
             label = sub if j == 0 else None
             ax1.bar(x, records[0]["state_bytes"] / records[0]["params"], width, color=f"C{i}", label=label)
             ax2.bar(x, records[0]["state_bytes"] / 1024, width, color=f"C{i}", label=label)
-    ax2.set_yscale("log")
-    for ax, label in ((ax1, "optimizer state bytes per parameter"), (ax2, "optimizer state (KiB)")):
-        ax.set_xticks(range(len(workloads)), workloads, fontsize=8)
+            growth = [r["peak_rss_mb"] - r["rss_start_mb"] for r in records
+                      if r.get("peak_rss_scope") == "trial" and r.get("rss_start_mb") is not None]
+            if growth:
+                ax3.bar(x, max(median(growth), 0.01), width, color=f"C{i}", label=label)
+    for ax in (ax2, ax3):
+        _log_axis(ax, [patch.get_height() for patch in ax.patches])
+    for ax, label in ((ax1, "optimizer state bytes per parameter"), (ax2, "optimizer state (KiB)"),
+                      (ax3, "peak RSS above trial start (MiB)")):
+        ax.set_xticks(range(len(workloads)), workloads, fontsize=8, rotation=15)
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -79,8 +80,11 @@ def halton_points(space: dict[str, dict], n: int, seed: int) -> list[dict[str, A
 
 
 def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_scale: float = 1.0,
-         suite: str = "custom", target: float | None = None, self_tuning_budget: bool = True) -> list[StudyPlan]:
-    """The studies one submission runs on one workload (``target`` overrides the workload's)."""
+         suite: str = "custom", target: float | None = None, self_tuning_budget: bool = True,
+         time_limit: bool = True) -> list[StudyPlan]:
+    """The studies one submission runs on one workload (``target`` overrides the workload's). Without
+    ``time_limit`` a trial runs its whole step budget however long it takes (target setting: its results must
+    not depend on the machine's load)."""
     if studies < 1 or trials < 1:
         raise ValueError(f"invalid studies={studies!r}, trials={trials!r}: expected >= 1")
     if not budget_scale > 0:
@@ -88,7 +92,8 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
     w = get_workload(workload)
     target = w.check_target(w.target if target is None else target)
     scale = budget_scale * (SELF_TUNING_BUDGET if entry.ruleset == "self" and self_tuning_budget else 1.0)
-    max_steps, max_runtime = max(1, round(w.step_hint * scale)), w.max_runtime * scale
+    max_steps = max(1, round(w.step_hint * scale))
+    max_runtime = w.max_runtime * scale if time_limit else math.inf
     result = []
     for j in range(studies):
         if entry.space is not None:

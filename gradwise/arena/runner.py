@@ -5,8 +5,12 @@ backward, the optimizer step and the LR schedule. Evaluation runs untimed every 
 the end); the trial stops at the first evaluation that reaches the target, or when the training time or the
 step budget is spent, or when the loss is not finite. The record holds wall and CPU training time, steps to
 target, peak resident memory (and its growth over the trial's start, after the data are loaded), optimizer
-state bytes, the curve, the seed, and the machine (torch version,
-CPU model, threads, load average).
+state bytes, the curve, the seed, and the machine (torch version, CPU model, threads, load average).
+
+Peak memory is per trial on Linux: writing ``5`` to ``/proc/self/clear_refs`` resets the process's high-water
+mark (VmHWM) before the trial, and VmHWM is read after it (``peak_rss_scope: "trial"``). Where that reset is
+not possible, the record holds the process's peak since it started (``getrusage``) and says so
+(``peak_rss_scope: "process"``): a trial then also carries the peaks of the trials before it in that process.
 """
 from __future__ import annotations
 
@@ -47,22 +51,39 @@ def pin_threads(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
-def _reset_peak_rss() -> None:
-    try:  # Linux: writing 5 to clear_refs resets VmHWM, the peak resident set size
+def reset_peak_rss() -> str:
+    """Start a new peak-memory window; returns its scope: ``"trial"`` if VmHWM was reset (Linux), else
+    ``"process"`` (the peak then counts from the process's start)."""
+    try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
-        pass
+        return "process"
+    return "trial" if _status_mb("VmHWM") is not None else "process"
 
 
-def _rss_mb(field: str = "VmHWM") -> float:
-    """The peak (VmHWM) or current (VmRSS) resident set size in MiB."""
+def _status_mb(field: str) -> float | None:
+    """A ``/proc/self/status`` memory field (VmHWM: peak, VmRSS: current resident set) in MiB, or None."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
+
+
+def peak_rss_mb(scope: str) -> float:
+    """The peak resident set size in MiB over the window ``reset_peak_rss`` opened (see its scope)."""
+    if scope == "trial":
+        peak = _status_mb("VmHWM")
+        if peak is not None:
+            return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return maxrss / 2**20 if platform.system() == "Darwin" else maxrss / 1024
+
+
+def _rss_now_mb() -> float | None:
+    return _status_mb("VmRSS")
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -87,8 +108,8 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
                               "hyperparameters": hyperparameters, "seed": seed, "target": target,
                               "metric": workload.metric, "max_steps": max_steps, "max_runtime": max_runtime,
                               "machine": machine(threads)}
-    _reset_peak_rss()
-    rss_start = _rss_mb("VmRSS")
+    scope = reset_peak_rss()
+    rss_start = _rss_now_mb()
     curve: list[dict[str, float]] = []
     train_time = cpu_time = 0.0
     step, hit, diverged, train_loss = 0, False, False, math.nan
@@ -124,8 +145,8 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
         "reached": hit, "diverged": diverged, "steps": step, "train_time": train_time, "cpu_time": cpu_time,
         "time_to_target": train_time if hit else None, "steps_to_target": step if hit else None,
         "best_metric": best, "final_metric": values[-1] if values else None,
-        "peak_rss_mb": _rss_mb(), "rss_start_mb": rss_start, "state_bytes": _state_bytes(opt),
-        "params": sum(p.numel() for p in model.parameters()), "curve": curve,
+        "peak_rss_mb": peak_rss_mb(scope), "peak_rss_scope": scope, "rss_start_mb": rss_start,
+        "state_bytes": _state_bytes(opt), "params": sum(p.numel() for p in model.parameters()), "curve": curve,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     })
     return record

