@@ -101,7 +101,6 @@ def test_checkpoint_resumes_exactly(mode):
     (dict(num_iterations=10, warmdown_min_lr=1.0), ValueError, "warmdown_min_lr=1.0"),
     (dict(num_iterations=10, warmdown_start_pct=1.5), ValueError, "warmdown_start_pct=1.5"),
     (dict(num_iterations=10, momentum_type="classic"), ValueError, "momentum_type='classic'"),
-    (dict(num_iterations=10, use_madgrad=True), NotImplementedError, "use_madgrad"),
     (dict(num_iterations=10, lookahead_mergetime=0), ValueError, "lookahead_k=0"),
     (dict(num_iterations=10, agc_clipping_value=-1.0), ValueError, "agc_clipping_value=-1.0"),
     (dict(num_iterations=10, using_gc="yes"), TypeError, "using_gc='yes'"),

@@ -9,12 +9,12 @@ from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.params import local
 from gradwise.core.transform import Context, chain, state_dtype
-from gradwise.schedules import auto_warmup_steps, ranger21_schedule
+from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import shrink_like_ranger21
+from gradwise.transforms.regularizers import madgrad_like_ranger21, shrink_like_ranger21, trace_second_moment
 
 
 class Ranger21(Optimizer):
@@ -31,9 +31,16 @@ class Ranger21(Optimizer):
     linear warm-down to ``warmdown_min_lr`` over the last ``1 - warmdown_start_pct`` of the budget.
     The budget is ``num_epochs * num_batches_per_epoch`` or ``num_iterations``. The step count lives
     in the optimizer state, so a checkpoint resumes the schedule and Lookahead exactly.
-    Not supported (they raise): ``use_madgrad``, ``use_adabelief``, ``use_cheb``,
-    ``lookahead_load_at_validation``, a ``momentum_type`` other than "pnm", ``decay_type`` other
-    than "stable", ``warmup_type`` other than "linear". ``momentum`` is read only by MADGRAD.
+
+    Options pytorch-optimizer lacks follow the authors' package (see README for its slips we avoid):
+    ``use_madgrad`` replaces the core by MADGRAD (``scale_by_madgrad``: lambda_t = lr f(t) sqrt(t),
+    softplus of the cube root, ``momentum``), decays by a = lambda_t weight_decay / n with n the cube
+    root of the mean second moment, and carries the shrink into MADGRAD's average;
+    ``use_adabelief`` makes v AdaBelief's belief (g - m_t)^2; ``use_cheb`` multiplies f after the
+    warmup by Agarwal et al.'s fractal Chebyshev steps, one per epoch (``num_epochs - 2`` of them);
+    ``lookahead_load_at_validation`` makes ``optimizer.eval()`` put the slow weights in the model
+    and ``optimizer.train()`` the fast ones back. Not supported (they raise): a ``momentum_type``
+    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear".
     """
 
     def __init__(self, params, lr, lookahead_active=True, lookahead_mergetime=5, lookahead_blending_alpha=0.5,
@@ -46,11 +53,6 @@ class Ranger21(Optimizer):
                  weight_decay=1e-4, decay_type="stable", warmup_type="linear", warmup_pct_default=0.22,
                  logging_active=False, *, num_iterations=None, maximize=False, skip_nonfinite=False,
                  compile="auto"):
-        for name, value in (("use_madgrad", use_madgrad), ("use_adabelief", use_adabelief), ("use_cheb", use_cheb),
-                            ("lookahead_load_at_validation", lookahead_load_at_validation)):
-            boolean(name, value)
-            if value:
-                raise NotImplementedError(f"Ranger21({name}=True) is not supported by gradwise yet")
         for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
                                      ("warmup_type", warmup_type, "linear")):
             if value != allowed:
@@ -59,22 +61,37 @@ class Ranger21(Optimizer):
                             ("using_normgc", using_normgc), ("normloss_active", normloss_active),
                             ("use_adaptive_gradient_clipping", use_adaptive_gradient_clipping),
                             ("use_warmup", use_warmup), ("warmdown_active", warmdown_active),
-                            ("logging_active", logging_active)):
+                            ("logging_active", logging_active), ("use_madgrad", use_madgrad),
+                            ("use_adabelief", use_adabelief), ("use_cheb", use_cheb),
+                            ("lookahead_load_at_validation", lookahead_load_at_validation)):
             boolean(name, value)
+        if use_madgrad and use_adabelief:
+            raise ValueError("Ranger21: use_adabelief=True changes the Adam core's second moment; it has no"
+                             " meaning with use_madgrad=True")
         total = _budget(num_epochs, num_batches_per_epoch, num_iterations)
         # the warm-down's start as each reference rounds it: int(pct * epochs * batches) or int(pct * iterations)
         factors = (num_iterations,) if num_iterations is not None else (num_epochs, num_batches_per_epoch)
+        cheb = _chebyshev(num_epochs, num_iterations) if use_cheb else None
         schedule = _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default,
-                             warmdown_active, warmdown_start_pct, warmdown_min_lr)
+                             warmdown_active, warmdown_start_pct, warmdown_min_lr, cheb, num_batches_per_epoch)
         shaping = [clip_by_agc()] if use_adaptive_gradient_clipping else []
         shaping += [centralize_gradient()] if using_gc else []
         shaping += [normalize_gradient()] if using_normgc else []
-        links = shaping + [scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only),
-                           scale_by_schedule(schedule), scale_by_learning_rate(),
-                           shrink_like_ranger21(schedule, norm_loss=normloss_active)]
-        links += [lookahead()] if lookahead_active else []
-        hyper = dict(lr=lr, betas=betas, eps=eps, pnm_momentum_factor=pnm_momentum_factor, softplus=softplus,
-                     beta_softplus=float(beta_softplus), weight_decay=weight_decay)
+        hyper = dict(lr=lr, betas=betas, eps=eps, softplus=softplus, beta_softplus=float(beta_softplus),
+                     weight_decay=weight_decay)
+        if use_madgrad:
+            # Adam's second moment still drives stable weight decay; MADGRAD's gradient is centralized again
+            self._core = trace_second_moment()
+            links = shaping + [self._core] + ([centralize_gradient()] if using_gc else [])
+            links += [madgrad_like_ranger21(schedule, norm_loss=normloss_active)]
+            hyper.update(momentum=momentum)
+        else:
+            self._core = scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only,
+                                            belief=use_adabelief)
+            links = shaping + [self._core, scale_by_schedule(schedule), scale_by_learning_rate(),
+                               shrink_like_ranger21(schedule, norm_loss=normloss_active)]
+            hyper.update(pnm_momentum_factor=pnm_momentum_factor)
+        links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []
         if use_adaptive_gradient_clipping:
             hyper.update(agc_clipping_value=agc_clipping_value, agc_eps=agc_eps)
         if using_gc:
@@ -83,6 +100,7 @@ class Ranger21(Optimizer):
         if lookahead_active:
             hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
         self.schedule = schedule
+        self.use_madgrad = use_madgrad
         self._shaping = chain(*shaping) if shaping else None
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          **hyper)
@@ -103,9 +121,12 @@ class Ranger21(Optimizer):
         return loss
 
     def _variance_normalizer(self) -> float:
-        """sqrt((1 + sum of b2 v + (1 - b2) g'^2 over every element) / elements), with g' the shaped
-        gradient and v the second moment before this step (the 1 is pytorch-optimizer's)."""
+        """n from the mean m of the bias-corrected second moment v after this step over every element:
+        sqrt(m + 1 / elements) (the 1 is pytorch-optimizer's), or m^(1/3) with MADGRAD (the authors'
+        package); v <- b2 v + (1 - b2) x^2 with x the shaped gradient (or, with AdaBelief, its distance
+        to the momentum this step feeds), v the second moment before this step."""
         total, count = torch.zeros((), dtype=torch.float64), 0
+        core = self._core.name
         for group in self.param_groups:
             b2 = group["betas"][1]
             params = [p for p in group["params"] if p.grad is not None]
@@ -118,13 +139,33 @@ class Ranger21(Optimizer):
                     static = {"gc_conv_only": group.get("gc_conv_only", False)}
                     g = self._shaping.update([g], {}, Context([local(p)], [g], hyper, static))[0]
                 state = self.state.get(p, {})
-                v = g * g * (1 - b2)
-                if "pnm.variance_ma" in state:
-                    v = local(state["pnm.variance_ma"]) * b2 + v
                 step = int(state["step"]) + 1 if "step" in state else 1
+                if getattr(self._core, "belief", False):
+                    fed = state.get("pnm.grad_ma" if step % 2 == 1 else "pnm.neg_grad_ma")
+                    fed = torch.zeros_like(g) if fed is None else local(fed)
+                    g = self._core.variance_input(g, self._core.momentum_input(g), fed, 1 - group["betas"][0] ** 2)
+                v = g * g * (1 - b2)
+                if f"{core}.variance_ma" in state:
+                    v = local(state[f"{core}.variance_ma"]) * b2 + v
                 total += (v / (1 - b2**step)).sum().double().cpu()
                 count += p.numel()
-        return math.sqrt((1 + float(total)) / count) if count else 1.0
+        if not count:
+            return 1.0
+        if self.use_madgrad:
+            return (float(total) / count) ** (1 / 3)
+        return math.sqrt((1 + float(total)) / count)
+
+
+def _chebyshev(num_epochs, num_iterations) -> list[float]:
+    """Ranger21's ``use_cheb`` factors: ``chebyshev_steps(num_epochs - 2)``, one per epoch."""
+    if num_iterations is not None:
+        raise ValueError("Ranger21(use_cheb=True) steps its Chebyshev schedule once per epoch: give num_epochs and"
+                         " num_batches_per_epoch, not num_iterations")
+    count = num_epochs - 2
+    if count < 1 or count & (count - 1):
+        raise ValueError(f"invalid num_epochs={num_epochs!r} with use_cheb=True: num_epochs - 2 must be a power of"
+                         " two >= 1 (3, 4, 6, 10, 18, ...), the lengths the fractal Chebyshev order is defined for")
+    return chebyshev_steps(count)
 
 
 def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
@@ -148,7 +189,7 @@ def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
 
 
 def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
-              warmdown_start_pct, warmdown_min_lr):
+              warmdown_start_pct, warmdown_min_lr, cheb, epoch_steps):
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"invalid lr={lr!r}: expected a finite number > 0")
     warmup = 0
@@ -165,4 +206,4 @@ def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warm
         warmdown = total - int(start)
     if not isinstance(warmdown_min_lr, (int, float)) or not 0.0 <= warmdown_min_lr <= lr:
         raise ValueError(f"invalid warmdown_min_lr={warmdown_min_lr!r}: expected a number in [0, lr={lr!r}]")
-    return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr)
+    return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr, cheb=cheb, epoch_steps=epoch_steps or 1)

@@ -4,6 +4,7 @@ from gradwise.transforms.adam import scale_by_adam, scale_by_nadam
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
+from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -29,6 +30,7 @@ __all__ = [
     "scale_by_adam",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_madgrad",
     "scale_by_nadam",
     "scale_by_pnm_adam",
     "scale_by_rms",

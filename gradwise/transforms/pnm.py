@@ -11,6 +11,11 @@ momenta fed on alternate steps and combines them with beta0 = ``pnm_momentum_fac
 with s the softplus smoothing s(x) = log(1 + exp(beta_softplus x)) / beta_softplus (Tong et al., 2019,
 "Calibrating the adaptive learning rate") when ``softplus`` is on, else the identity.
 
+With ``belief=True`` v tracks AdaBelief's belief in the gradient (Zhuang et al., 2020, "AdaBelief
+Optimizer", arXiv:2010.07468) instead of its square: v <- b2 v + (1 - b2) (g - m_t)^2, with m_t the
+momentum fed this step, after its update (AdaBelief's m_t; PNM's two momenta each average every
+other gradient).
+
 Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
 normalized gradient and the momenta that gradient centralized and normalized once more; with
 ``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
@@ -41,9 +46,21 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         "beta_softplus": Hyper(50.0, positive, static=True),
     }
 
-    def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False):
+    def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False,
+                 belief: bool = False):
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
+        self.belief = belief
         self.elementwise = not (recentralize or renormalize)
+
+    def momentum_input(self, u: Tensor) -> Tensor:
+        """The gradient the momenta average: u, centralized and normalized once more if asked."""
+        g = centralized(u, self.gc_conv_only) if self.recentralize else u
+        return normalized(g) if self.renormalize else g
+
+    def variance_input(self, u: Tensor, g: Tensor, fed: Tensor | None, rate) -> Tensor:
+        """What v averages the square of: u, or (belief) u - m_t with m_t = fed + rate (g - fed), the
+        momentum this step feeds (``fed``, before its update; g = ``momentum_input(u)``)."""
+        return u - fed.lerp(g, rate) if self.belief else u
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         # the buffer fed this step (grad_ma on odd steps, neg_grad_ma on even ones) moves by 1 - b1^2,
@@ -53,6 +70,8 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         odd = step % 2 == 1
         rate = 1 - b1 * b1
         return {
+            "fed_rate": rate,
+            "odd": 1.0 if odd else 0.0,
             "pos_rate": rate if odd else 0.0,
             "neg_rate": 0.0 if odd else rate,
             "pos_coef": 1 + beta0 if odd else -beta0,
@@ -67,13 +86,14 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         out = []
         buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
         for u, (pos, neg, v, v_max) in zip(updates, buffers):
-            v.mul_(b2).add_(u * u * (1 - b2))
+            g = self.momentum_input(u)
+            fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
+            x = self.variance_input(u, g, fed, ctx["fed_rate"])
+            v.mul_(b2).add_(x * x * (1 - b2))
             v_max.copy_(torch.maximum(v_max, v))
             denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
             if ctx["softplus"]:
                 denom = F.softplus(denom, beta=ctx["beta_softplus"])
-            g = centralized(u, self.gc_conv_only) if self.recentralize else u
-            g = normalized(g) if self.renormalize else g
             pos.lerp_(g, ctx["pos_rate"])
             neg.lerp_(g, ctx["neg_rate"])
             direction = (pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) * ctx["inv_noise_norm"]
@@ -81,4 +101,5 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         return out
 
     def __repr__(self) -> str:
-        return f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize})"
+        return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
+                f" belief={self.belief})")

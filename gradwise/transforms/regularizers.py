@@ -11,15 +11,37 @@
 
 Ranger21's code shrinks p by the two factors one after the other and then takes the step; added to
 the update they differ from it by a term of order lr^2 wd f per step. ``shrink_like_ranger21`` keeps
-that term (the ``Ranger21`` recipe uses it, to match its references to float64).
+that term (the ``Ranger21`` recipe uses it, to match its references to float64). With the MADGRAD
+core, Ranger21 decays by lambda_t = lr_t sqrt(t) instead of lr_t and its second moment for n is
+Adam's, kept by ``trace_second_moment``.
 """
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, non_negative, positive
+from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
 from gradwise.core.transform import Context, Transform
 from gradwise.transforms.gradient_shaping import unit_norm
+from gradwise.transforms.madgrad import scale_by_madgrad
+
+
+class trace_second_moment(Transform):  # noqa: N801
+    """v <- b2 v + (1 - b2) u^2 (b2 = ``betas[1]``), passing u through: Adam's second moment, kept for
+    stable weight decay's n by a chain whose core does not keep it (Ranger21 with MADGRAD)."""
+
+    name = "second_moment"
+    state = ("variance_ma",)
+    nonnegative = ("variance_ma",)
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b2 = ctx["betas"][1]
+        for u, v in zip(updates, state["variance_ma"]):
+            v.mul_(b2).add_(u * u * (1 - b2))
+        return updates
 
 
 class add_stable_weight_decay(Transform):  # noqa: N801
@@ -62,6 +84,7 @@ class shrink_like_ranger21(Transform):  # noqa: N801
 
     with lr_t = lr * schedule(t). Equal to ``add_stable_weight_decay`` and ``add_norm_loss`` before the
     learning rate up to the O(a b) cross term, which this link keeps, to match Ranger21 to float64.
+    ``madgrad=True``: a = lambda_t wd / n with lambda_t = lr_t sqrt(t) (``madgrad_like_ranger21``).
     """
 
     name = "ranger21_shrink"
@@ -72,21 +95,54 @@ class shrink_like_ranger21(Transform):  # noqa: N801
         **add_norm_loss.hyper,
     }
 
-    def __init__(self, schedule, norm_loss: bool = True):
-        self.schedule, self.norm_loss = schedule, norm_loss
+    def __init__(self, schedule, norm_loss: bool = True, madgrad: bool = False):
+        self.schedule, self.norm_loss, self.madgrad = schedule, norm_loss, madgrad
         self.elementwise = not norm_loss
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {"lr_t": float(hyper["lr"]) * self.schedule(step - 1)}
+        lr_t = float(hyper["lr"]) * self.schedule(step - 1)
+        return {"lr_t": lr_t, "decay_t": lr_t * math.sqrt(step) if self.madgrad else lr_t}
+
+    def factor(self, p: Tensor, ctx: Context) -> Tensor:
+        """(1 - a)(1 - b): what p is multiplied by (per unit with norm loss)."""
+        keep = 1 - ctx["decay_t"] * ctx["weight_decay"] / ctx["variance_normalizer"]
+        if not self.norm_loss:
+            return keep
+        return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        lr_t, eps = ctx["lr_t"], ctx["eps"]
-        keep = 1 - lr_t * ctx["weight_decay"] / ctx["variance_normalizer"]
         out = []
         for u, p in zip(updates, ctx.params):
             p = p.to(u.dtype)
-            factor = keep
-            if self.norm_loss:
-                factor = keep * (1 - lr_t * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + eps)))
-            out.append(u + p * (factor - 1))
+            out.append(u + p * (self.factor(p, ctx) - 1))
         return out
+
+    def __repr__(self) -> str:
+        return f"shrink_like_ranger21({self.schedule!r}, norm_loss={self.norm_loss}, madgrad={self.madgrad})"
+
+
+class madgrad_like_ranger21(scale_by_madgrad):  # noqa: N801
+    """Ranger21's MADGRAD core as its code runs it: p shrinks first (``shrink_like_ranger21(madgrad=True)``),
+    then MADGRAD steps from the shrunk point p' (x <- momentum p' + (1 - momentum) z, or p' + s_old /
+    d_old - s / d with momentum 0), with softplus(nu^(1/3)) as denominator; its starting point x0 is
+    p' of the first step (where Ranger21 creates it). The change returned is x_new - p."""
+
+    def __init__(self, schedule, norm_loss: bool = True):
+        super().__init__(schedule, denominator="softplus")
+        self.shrink = shrink_like_ranger21(schedule, norm_loss=norm_loss, madgrad=True)
+        self.elementwise = self.shrink.elementwise
+        self.hyper = {**self.hyper, **self.shrink.hyper}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {**super().scalars(hyper, step), **self.shrink.scalars(hyper, step), "first": float(step == 1)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        params = [p.to(u.dtype) for u, p in zip(updates, ctx.params)]
+        starts = [p * self.shrink.factor(p, ctx) for p in params]
+        for x0, start in zip(state["x0"], starts):
+            x0.copy_(torch.where(ctx["first"] > 0, start, x0))
+        changes = self.changes(updates, starts, state, ctx)
+        return [start + change - p for start, change, p in zip(starts, changes, params)]
+
+    def __repr__(self) -> str:
+        return f"madgrad_like_ranger21({self.schedule!r}, norm_loss={self.shrink.norm_loss})"
