@@ -266,7 +266,7 @@ class Optimizer(torch.optim.Optimizer):
                 return
         keys = [k for k in states[0] if k != "step"]
         views = [local(p) for p in params]
-        grads = [local(p.grad) for p in params]
+        grads = [local(self._gradient(p)) for p in params]
         own = [{k: local(s[k]) for k in keys} for s in states]
         eager = list(range(len(views)))
         runner = self._runner(transform)
@@ -283,6 +283,11 @@ class Optimizer(torch.optim.Optimizer):
         if eager:
             run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager],
                       [own[i] for i in eager], values, layout, static)
+
+    def _gradient(self, p: Tensor) -> Tensor:
+        """The gradient the chain starts from: ``p.grad``, unless a recipe that shapes gradients before
+        its step (Ranger21's prologue) hands its own tensor over."""
+        return p.grad
 
     def _fall_back(self, error: Exception) -> None:
         """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""

@@ -7,10 +7,11 @@ import torch
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
-from gradwise.core.params import local
+from gradwise.core.params import DTensor, local
 from gradwise.core.transform import Context, chain, state_dtype
+from gradwise.recipes.ranger21_prologue import VARIANCE_SUM, ranger21_prologue, shape_gradient, shrink
 from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
-from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
+from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient, unit_norm
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.pnm import scale_by_pnm_adam
@@ -85,11 +86,16 @@ class Ranger21(Optimizer):
             links = shaping + [self._core] + ([centralize_gradient()] if using_gc else [])
             links += [madgrad_like_ranger21(schedule, norm_loss=normloss_active)]
             hyper.update(momentum=momentum)
-        else:
+        elif use_adabelief:
             self._core = scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only,
-                                            belief=use_adabelief)
+                                            belief=True)
             links = shaping + [self._core, scale_by_schedule(schedule), scale_by_learning_rate(),
                                shrink_like_ranger21(schedule, norm_loss=normloss_active)]
+            hyper.update(pnm_momentum_factor=pnm_momentum_factor)
+        else:  # the prologue shapes the gradient and shrinks p; the rest is elementwise
+            self._core = scale_by_pnm_adam(prescaled=True)
+            links = [ranger21_prologue(agc=use_adaptive_gradient_clipping, gc=using_gc), self._core,
+                     scale_by_schedule(schedule), scale_by_learning_rate()]
             hyper.update(pnm_momentum_factor=pnm_momentum_factor)
         links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []
         if use_adaptive_gradient_clipping:
@@ -102,6 +108,10 @@ class Ranger21(Optimizer):
         self.schedule = schedule
         self.use_madgrad = use_madgrad
         self._shaping = chain(*shaping) if shaping else None
+        self._prologue = not (use_madgrad or use_adabelief)
+        self._options = dict(agc=use_adaptive_gradient_clipping, gc=using_gc, gn=using_normgc,
+                             norm_loss=normloss_active)
+        self._shaped: dict[torch.Tensor, torch.Tensor] = {}  # the prologue's g', one scratch tensor per parameter
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          **hyper)
 
@@ -113,12 +123,60 @@ class Ranger21(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_inputs()  # before the normalizer's pass reads any gradient
+        if any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
+            raise NotImplementedError("Ranger21 needs whole tensors (the standard deviation of each gradient and a"
+                                      " mean over every parameter), and gradwise does not yet gather DTensor shards;"
+                                      " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
+        if self._prologue:
+            self._step_with_prologue()
+            return loss
         normalizer = self._variance_normalizer() if any(g["weight_decay"] for g in self.param_groups) else 1.0
         if math.isfinite(normalizer) and normalizer > 0:  # else the step is skipped (skip_nonfinite) or fails
             for group in self.param_groups:
                 group["variance_normalizer"] = normalizer
         super().step()
         return loss
+
+    def _gradient(self, p: torch.Tensor) -> torch.Tensor:
+        return self._shaped[p] if self._prologue else p.grad
+
+    def _step_with_prologue(self) -> None:
+        """Shape every gradient (``ranger21_prologue.shape_gradient``), find n, shrink every parameter,
+        then run the elementwise chain on the shaped gradients."""
+        work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
+        if self.mode == "eval" and self._has_modes():
+            return super().step()  # raises, changing nothing
+        if self._must_skip(work):
+            self.skipped_steps += 1
+            return None
+        options, pending, sums, count = self._options, [], [], 0
+        for group, params in work:
+            b2 = group["betas"][1]
+            for p in params:
+                state = self._state_for(p, group)
+                if p not in self._shaped:
+                    self._shaped[p] = torch.empty_like(p, dtype=state_dtype(p))
+                x = p.to(state_dtype(p))
+                norm = unit_norm(x) if options["agc"] or options["norm_loss"] else None
+                squares, scale = shape_gradient(p.grad, norm if options["agc"] else None, self._shaped[p], group,
+                                                options["gc"], options["gn"])
+                if VARIANCE_SUM not in state:
+                    state[VARIANCE_SUM] = state["pnm.variance_ma"].sum(dtype=torch.float64)
+                step = int(state["step"]) + 1
+                variance_sum = state[VARIANCE_SUM] * b2 + squares.to(state[VARIANCE_SUM].device) * (1 - b2)
+                sums.append(variance_sum / (1 - b2**step))
+                count += p.numel()
+                state["pnm.momentum_scale"].copy_(scale)
+                pending.append((group, p, norm, step, variance_sum))
+        total = float(torch.stack([s.to(sums[0].device) for s in sums]).sum()) if sums else 0.0  # one sync
+        normalizer = math.sqrt((1 + total) / count) if count else 1.0
+        for group, p, norm, step, _ in pending:
+            group["variance_normalizer"] = normalizer
+            lr_t = group["lr"] * self.schedule(step - 1)
+            shrink(p, norm if options["norm_loss"] else None, lr_t * group["weight_decay"] / normalizer, lr_t, group)
+        super().step()
+        for _, p, _, _, variance_sum in pending:
+            self.state[p][VARIANCE_SUM] = variance_sum
 
     def _variance_normalizer(self) -> float:
         """n from the mean m of the bias-corrected second moment v after this step over every element:

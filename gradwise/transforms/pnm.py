@@ -19,6 +19,9 @@ other gradient).
 Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
 normalized gradient and the momenta that gradient centralized and normalized once more; with
 ``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
+With ``prescaled`` the momenta average u times the 0-d state ``momentum_scale`` instead, which the
+caller sets before each step (Ranger21's prologue: those two steps reduce to one factor), and the
+link stays elementwise.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
-from gradwise.core.transform import Context, Transform
+from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.gradient_shaping import centralized, normalized
 
 
@@ -47,10 +50,22 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
     }
 
     def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False,
-                 belief: bool = False):
+                 belief: bool = False, prescaled: bool = False):
+        if prescaled and (recentralize or renormalize):
+            raise ValueError("scale_by_pnm_adam: prescaled=True replaces recentralize and renormalize")
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
-        self.belief = belief
+        self.belief, self.prescaled = belief, prescaled
         self.elementwise = not (recentralize or renormalize)
+        if prescaled:
+            self.state = (*self.state, "momentum_scale")
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        dtype = state_dtype(param)
+        buffers = {k: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
+                   for k in self.state if k != "momentum_scale"}
+        if self.prescaled:
+            buffers["momentum_scale"] = torch.ones((), dtype=dtype, device=param.device)
+        return buffers
 
     def momentum_input(self, u: Tensor) -> Tensor:
         """The gradient the momenta average: u, centralized and normalized once more if asked."""
@@ -85,8 +100,9 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         b2, eps = ctx["betas"][1], ctx["eps"]
         out = []
         buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
-        for u, (pos, neg, v, v_max) in zip(updates, buffers):
-            g = self.momentum_input(u)
+        scales = state["momentum_scale"] if self.prescaled else [None] * len(updates)
+        for u, (pos, neg, v, v_max), scale in zip(updates, buffers, scales):
+            g = u * scale if self.prescaled else self.momentum_input(u)
             fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
             x = self.variance_input(u, g, fed, ctx["fed_rate"])
             v.mul_(b2).add_(x * x * (1 - b2))
@@ -102,4 +118,4 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
-                f" belief={self.belief})")
+                f" belief={self.belief}, prescaled={self.prescaled})")
