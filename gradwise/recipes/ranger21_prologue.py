@@ -36,30 +36,32 @@ def shape_gradient(g: Tensor, unit_norm_p: Tensor | None, out: Tensor, group, gc
     """Write g' into ``out`` (AGC when ``unit_norm_p`` is given); return (sum of g'^2, a 0-d float64
     tensor, and the momenta's factor, 0-d), both on the device, so that nothing waits for it."""
     g = g.to(out.dtype)
-    agc = unit_norm_p is not None
+    n, agc = g.numel(), unit_norm_p is not None
+    centralize = gc and g.dim() > (3 if group["gc_conv_only"] else 1)
+    # AGC's units are centralization's too, except for 3-d tensors (fibres [i, :, k] against slices [i])
+    same_units = g.dim() != 3
+    g_norm = unit_norm(g) if agc or (centralize and gn and same_units) else None
+    scale = 1.0
     if agc:
         max_norm = unit_norm_p.clamp_min(group["agc_eps"]) * group["agc_clipping_value"]
-        g_norm = unit_norm(g).clamp_min(AGC_GRAD_EPS)
-        scale = torch.where(g_norm > max_norm, max_norm / g_norm, 1.0)
-    centralize = gc and g.dim() > (3 if group["gc_conv_only"] else 1)
+        clamped = g_norm.clamp_min(AGC_GRAD_EPS)
+        scale = torch.where(clamped > max_norm, max_norm / clamped, 1.0)
+    if centralize and gn and n > 2 and same_units:
+        # one pass writes g': each unit's centred sum of squares is s^2 (||g||^2 - n_unit mean^2), so the
+        # standard deviation of g_c (whose mean is 0) comes from the unit norms and means already taken
+        mean = g.mean(dim=tuple(range(1, g.dim())), keepdim=True)
+        centred = ((g_norm**2 - (n // mean.numel()) * mean**2).clamp_min(0) * scale**2).sum()
+        std = (centred / (n - 1)).sqrt()
+        inv = 1 / (std + NORMALIZE_EPS)
+        factor = scale * inv
+        torch.addcmul(-(mean * factor), g, factor, out=out)
+        return centred.double() * inv.double() ** 2, 1 / (std * inv + NORMALIZE_EPS)
+    torch.mul(g, scale, out=out)
     if centralize:
-        dims = tuple(range(1, g.dim()))
-        if agc:
-            torch.addcmul(-(g.mean(dim=dims, keepdim=True) * scale), g, scale, out=out)
-        else:
-            torch.sub(g, g.mean(dim=dims, keepdim=True), out=out)
-    elif agc:
-        torch.mul(g, scale, out=out)
-    else:
-        out.copy_(g)
-    n = out.numel()
+        out.sub_(out.mean(dim=tuple(range(1, g.dim())), keepdim=True))
     if not (gn and n > 2):
         return (out * out).sum(dtype=torch.float64), torch.ones((), dtype=out.dtype, device=out.device)
-    if centralize:  # its mean is 0 up to rounding: the sum of squares loses nothing (and is 3x faster)
-        mean = out.mean()
-        std = ((torch.linalg.vector_norm(out) ** 2 - n * mean**2) / (n - 1)).clamp_min(0).sqrt()
-    else:
-        std, mean = torch.std_mean(out)
+    std, mean = torch.std_mean(out)
     inv = 1 / (std + NORMALIZE_EPS)
     out.mul_(inv)
     squares = ((n - 1) * std.double() ** 2 + n * mean.double() ** 2) * inv.double() ** 2

@@ -53,12 +53,12 @@ class lookahead(Transform):  # noqa: N801
         return {"sync": float(step % hyper["lookahead_k"] == 0)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        alpha, sync = ctx["lookahead_alpha"], ctx["sync"]
+        sync = ctx["sync"]
+        weight = ctx["lookahead_alpha"] * sync  # 0 off the merge steps: slow stays as it is, exactly
         out = []
         for u, p, slow in zip(updates, ctx.params, state["slow"]):
-            merged = slow + (p + u - slow) * alpha
-            slow.copy_(torch.where(sync > 0, merged, slow))
-            out.append(torch.where(sync > 0, merged - p, u))
+            slow.lerp_(p + u, weight)
+            out.append(torch.where(sync > 0, slow - p, u))
         return out
 
 

@@ -84,16 +84,16 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         beta0 = float(hyper["pnm_momentum_factor"])
         odd = step % 2 == 1
         rate = 1 - b1 * b1
+        scale = 1 / math.sqrt((1 + beta0) ** 2 + beta0**2) / (1 - b1**step)
         return {
             "fed_rate": rate,
             "odd": 1.0 if odd else 0.0,
             "pos_rate": rate if odd else 0.0,
             "neg_rate": 0.0 if odd else rate,
-            "pos_coef": 1 + beta0 if odd else -beta0,
-            "neg_coef": -beta0 if odd else 1 + beta0,
-            "inv_bias1": 1 / (1 - b1**step),
+            # the combination's coefficients, 1 / noise norm and 1 / (1 - b1^t) folded in
+            "pos_coef": (1 + beta0 if odd else -beta0) * scale,
+            "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
             "bias2_sqrt": math.sqrt(1 - b2**step),
-            "inv_noise_norm": 1 / math.sqrt((1 + beta0) ** 2 + beta0**2),
         }
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
@@ -105,15 +105,14 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             g = u * scale if self.prescaled else self.momentum_input(u)
             fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
             x = self.variance_input(u, g, fed, ctx["fed_rate"])
-            v.mul_(b2).add_(x * x * (1 - b2))
+            v.mul_(b2).addcmul_(x, x * (1 - b2))
             v_max.copy_(torch.maximum(v_max, v))
             denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
             if ctx["softplus"]:
                 denom = F.softplus(denom, beta=ctx["beta_softplus"])
             pos.lerp_(g, ctx["pos_rate"])
             neg.lerp_(g, ctx["neg_rate"])
-            direction = (pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) * ctx["inv_noise_norm"]
-            out.append(direction * ctx["inv_bias1"] / denom)
+            out.append((pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) / denom)
         return out
 
     def __repr__(self) -> str:
