@@ -33,6 +33,10 @@ class Ranger21(Optimizer):
     The budget is ``num_epochs * num_batches_per_epoch`` or ``num_iterations``. The step count lives
     in the optimizer state, so a checkpoint resumes the schedule and Lookahead exactly.
 
+    The parts that read whole tensors (shaping, n, the shrink) run as a prologue before an elementwise
+    chain (``ranger21_prologue``), which runs in cache-sized pieces or compiles once for any length;
+    with ``use_madgrad`` or ``use_adabelief`` the whole chain runs on whole tensors.
+
     Options pytorch-optimizer lacks follow the authors' package (see README for its slips we avoid):
     ``use_madgrad`` replaces the core by MADGRAD (``scale_by_madgrad``: lambda_t = lr f(t) sqrt(t),
     softplus of the cube root, ``momentum``), decays by a = lambda_t weight_decay / n with n the cube
