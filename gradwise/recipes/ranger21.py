@@ -121,7 +121,8 @@ class Ranger21(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Set every group's ``variance_normalizer`` (stable weight decay's n) for this step, then step."""
+        """One Ranger21 step: the prologue, then the elementwise chain (or, with MADGRAD or AdaBelief,
+        every group's ``variance_normalizer``, stable weight decay's n, then the whole chain)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
