@@ -8,14 +8,15 @@ import torch
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.params import DTensor, local
-from gradwise.core.transform import Context, chain, state_dtype
+from gradwise.core.transform import chain, state_dtype
 from gradwise.recipes.ranger21_prologue import VARIANCE_SUM, ranger21_prologue, shape_gradient, shrink
 from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
-from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient, unit_norm
+from gradwise.transforms.gradient_shaping import unit_norm
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import madgrad_like_ranger21, shrink_like_ranger21, trace_second_moment
+from gradwise.transforms.madgrad import scale_by_madgrad
+from gradwise.transforms.regularizers import trace_second_moment
 
 
 class Ranger21(Optimizer):
@@ -79,27 +80,17 @@ class Ranger21(Optimizer):
         cheb = _chebyshev(num_epochs, num_iterations) if use_cheb else None
         schedule = _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default,
                              warmdown_active, warmdown_start_pct, warmdown_min_lr, cheb, num_batches_per_epoch)
-        shaping = [clip_by_agc()] if use_adaptive_gradient_clipping else []
-        shaping += [centralize_gradient()] if using_gc else []
-        shaping += [normalize_gradient()] if using_normgc else []
         hyper = dict(lr=lr, betas=betas, eps=eps, softplus=softplus, beta_softplus=float(beta_softplus),
                      weight_decay=weight_decay)
-        if use_madgrad:
-            # Adam's second moment still drives stable weight decay; MADGRAD's gradient is centralized again
+        # the prologue shapes the gradient and shrinks p (``ranger21_prologue``); the rest is elementwise
+        links = [ranger21_prologue(agc=use_adaptive_gradient_clipping, gc=using_gc)]
+        if use_madgrad:  # Adam's second moment still drives stable weight decay
             self._core = trace_second_moment()
-            links = shaping + [self._core] + ([centralize_gradient()] if using_gc else [])
-            links += [madgrad_like_ranger21(schedule, norm_loss=normloss_active)]
+            links += [self._core, scale_by_madgrad(schedule, denominator="softplus")]
             hyper.update(momentum=momentum)
-        elif use_adabelief:
-            self._core = scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only,
-                                            belief=True)
-            links = shaping + [self._core, scale_by_schedule(schedule), scale_by_learning_rate(),
-                               shrink_like_ranger21(schedule, norm_loss=normloss_active)]
-            hyper.update(pnm_momentum_factor=pnm_momentum_factor)
-        else:  # the prologue shapes the gradient and shrinks p; the rest is elementwise
-            self._core = scale_by_pnm_adam(prescaled=True)
-            links = [ranger21_prologue(agc=use_adaptive_gradient_clipping, gc=using_gc), self._core,
-                     scale_by_schedule(schedule), scale_by_learning_rate()]
+        else:
+            self._core = scale_by_pnm_adam(prescaled=True, belief=use_adabelief)
+            links += [self._core, scale_by_schedule(schedule), scale_by_learning_rate()]
             hyper.update(pnm_momentum_factor=pnm_momentum_factor)
         links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []
         if use_adaptive_gradient_clipping:
@@ -111,8 +102,6 @@ class Ranger21(Optimizer):
             hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
         self.schedule = schedule
         self.use_madgrad = use_madgrad
-        self._shaping = chain(*shaping) if shaping else None
-        self._prologue = not (use_madgrad or use_adabelief)
         self._options = dict(agc=use_adaptive_gradient_clipping, gc=using_gc, gn=using_normgc,
                              norm_loss=normloss_active)
         self._shaped: dict[torch.Tensor, torch.Tensor] = {}  # the prologue's g', one scratch tensor per parameter
@@ -121,29 +110,21 @@ class Ranger21(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Ranger21 step: the prologue, then the elementwise chain (or, with MADGRAD or AdaBelief,
-        every group's ``variance_normalizer``, stable weight decay's n, then the whole chain)."""
+        """One Ranger21 step: the prologue over whole tensors, then the elementwise chain."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_inputs()  # before the normalizer's pass reads any gradient
+        self._check_inputs()  # before the prologue reads any gradient
         if any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
             raise NotImplementedError("Ranger21 needs whole tensors (the standard deviation of each gradient and a"
                                       " mean over every parameter), and gradwise does not yet gather DTensor shards;"
                                       " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
-        if self._prologue:
-            self._step_with_prologue()
-            return loss
-        normalizer = self._variance_normalizer() if any(g["weight_decay"] for g in self.param_groups) else 1.0
-        if math.isfinite(normalizer) and normalizer > 0:  # else the step is skipped (skip_nonfinite) or fails
-            for group in self.param_groups:
-                group["variance_normalizer"] = normalizer
-        super().step()
+        self._step_with_prologue()
         return loss
 
     def _gradient(self, p: torch.Tensor) -> torch.Tensor:
-        return self._shaped[p] if self._prologue else p.grad
+        return self._shaped[p]
 
     def _step_with_prologue(self) -> None:
         """Shape every gradient (``ranger21_prologue.shape_gradient``), find n, shrink every parameter,
@@ -155,68 +136,51 @@ class Ranger21(Optimizer):
             self.skipped_steps += 1
             return None
         options, pending, sums, count = self._options, [], [], 0
+        variance = f"{self._core.name}.variance_ma"
         for group, params in work:
-            b2 = group["betas"][1]
+            b1, b2 = group["betas"]
             for p in params:
                 state = self._state_for(p, group)
                 if p not in self._shaped:
                     self._shaped[p] = torch.empty_like(p, dtype=state_dtype(p))
-                x = p.to(state_dtype(p))
-                norm = unit_norm(x) if options["agc"] or options["norm_loss"] else None
-                squares, scale = shape_gradient(p.grad, norm if options["agc"] else None, self._shaped[p], group,
+                shaped = self._shaped[p]
+                norm = unit_norm(p.to(shaped.dtype)) if options["agc"] or options["norm_loss"] else None
+                squares, scale = shape_gradient(p.grad, norm if options["agc"] else None, shaped, group,
                                                 options["gc"], options["gn"])
-                if VARIANCE_SUM not in state:
-                    state[VARIANCE_SUM] = state["pnm.variance_ma"].sum(dtype=torch.float64)
                 step = int(state["step"]) + 1
+                if getattr(self._core, "belief", False):  # v averages (g' - m_t)^2: one more pass
+                    fed = state["pnm.grad_ma" if step % 2 == 1 else "pnm.neg_grad_ma"]
+                    residual = shaped - fed.lerp(shaped * scale, 1 - b1 * b1)
+                    squares = (residual * residual).sum(dtype=torch.float64)
+                if VARIANCE_SUM not in state:
+                    state[VARIANCE_SUM] = state[variance].sum(dtype=torch.float64)
                 variance_sum = state[VARIANCE_SUM] * b2 + squares.to(state[VARIANCE_SUM].device) * (1 - b2)
                 sums.append(variance_sum / (1 - b2**step))
                 count += p.numel()
-                state["pnm.momentum_scale"].copy_(scale)
+                if "pnm.momentum_scale" in state:
+                    state["pnm.momentum_scale"].copy_(scale)
                 pending.append((group, p, norm, step, variance_sum))
         total = float(torch.stack([s.to(sums[0].device) for s in sums]).sum()) if sums else 0.0  # one sync
-        normalizer = math.sqrt((1 + total) / count) if count else 1.0
+        normalizer = _normalizer(total, count, self.use_madgrad)
         for group, p, norm, step, _ in pending:
             group["variance_normalizer"] = normalizer
             lr_t = group["lr"] * self.schedule(step - 1)
-            shrink(p, norm if options["norm_loss"] else None, lr_t * group["weight_decay"] / normalizer, lr_t, group)
+            decay_t = lr_t * math.sqrt(step) if self.use_madgrad else lr_t  # MADGRAD's lambda_t
+            shrink(p, norm if options["norm_loss"] else None, decay_t * group["weight_decay"] / normalizer, lr_t, group)
+            if self.use_madgrad and step == 1:  # MADGRAD starts from the shrunk point, as Ranger21 creates x0
+                self.state[p]["madgrad.x0"].copy_(p)
         super().step()
         for _, p, _, _, variance_sum in pending:
             self.state[p][VARIANCE_SUM] = variance_sum
 
-    def _variance_normalizer(self) -> float:
-        """n from the mean m of the bias-corrected second moment v after this step over every element:
-        sqrt(m + 1 / elements) (the 1 is pytorch-optimizer's), or m^(1/3) with MADGRAD (the authors'
-        package); v <- b2 v + (1 - b2) x^2 with x the shaped gradient (or, with AdaBelief, its distance
-        to the momentum this step feeds), v the second moment before this step."""
-        total, count = torch.zeros((), dtype=torch.float64), 0
-        core = self._core.name
-        for group in self.param_groups:
-            b2 = group["betas"][1]
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                g = local(p.grad).neg() if group["maximize"] else local(p.grad)
-                g = g.to(state_dtype(local(p)))
-                if self._shaping is not None:
-                    hyper = {k: torch.tensor(float(group[k]), dtype=g.dtype, device=g.device)
-                             for k in ("agc_clipping_value", "agc_eps") if k in group}
-                    static = {"gc_conv_only": group.get("gc_conv_only", False)}
-                    g = self._shaping.update([g], {}, Context([local(p)], [g], hyper, static))[0]
-                state = self.state.get(p, {})
-                step = int(state["step"]) + 1 if "step" in state else 1
-                if getattr(self._core, "belief", False):
-                    fed = state.get("pnm.grad_ma" if step % 2 == 1 else "pnm.neg_grad_ma")
-                    fed = torch.zeros_like(g) if fed is None else local(fed)
-                    g = self._core.variance_input(g, self._core.momentum_input(g), fed, 1 - group["betas"][0] ** 2)
-                v = g * g * (1 - b2)
-                if f"{core}.variance_ma" in state:
-                    v = local(state[f"{core}.variance_ma"]) * b2 + v
-                total += (v / (1 - b2**step)).sum().double().cpu()
-                count += p.numel()
-        if not count:
-            return 1.0
-        if self.use_madgrad:
-            return (float(total) / count) ** (1 / 3)
-        return math.sqrt((1 + float(total)) / count)
+
+def _normalizer(total: float, count: int, madgrad: bool) -> float:
+    """Stable weight decay's n from the sum of the bias-corrected second moment over ``count`` elements:
+    sqrt((1 + total) / count) (the 1 is pytorch-optimizer's), or (total / count)^(1/3) with MADGRAD (the
+    authors' package)."""
+    if not count:
+        return 1.0
+    return (total / count) ** (1 / 3) if madgrad else math.sqrt((1 + total) / count)
 
 
 def _chebyshev(num_epochs, num_iterations) -> list[float]:

@@ -69,13 +69,9 @@ class scale_by_madgrad(Transform):  # noqa: N801
         return s / root.clamp_min(torch.finfo(root.dtype).tiny)  # s = 0 wherever nu = 0
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return self.changes(updates, ctx.params, state, ctx)
-
-    def changes(self, updates: list[Tensor], points: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        """The step from each of ``points`` (the parameters, or where a subclass has moved them)."""
         lamb, momentum = ctx["lamb"], ctx.active("momentum")
         out = []
-        for g, x, nu, s, x0 in zip(updates, points, state["grad_sum_sq"], state["s"], state["x0"]):
+        for g, x, nu, s, x0 in zip(updates, ctx.params, state["grad_sum_sq"], state["s"], state["x0"]):
             before = None if momentum else self._step(s, nu, ctx)
             nu.add_(g * g * lamb)
             s.add_(g * lamb)

@@ -11,21 +11,17 @@
 
 Ranger21's code shrinks p by the two factors one after the other and then takes the step; added to
 the update they differ from it by a term of order lr^2 wd f per step. ``shrink_like_ranger21`` keeps
-that term (the ``Ranger21`` recipe uses it, to match its references to float64). With the MADGRAD
-core, Ranger21 decays by lambda_t = lr_t sqrt(t) instead of lr_t and its second moment for n is
-Adam's, kept by ``trace_second_moment``.
+that term (its reading of Ranger21 matches the references to float64; the ``Ranger21`` recipe itself
+shrinks p in its prologue). With the MADGRAD core, Ranger21's n still reads Adam's second moment,
+which ``trace_second_moment`` keeps.
 """
 from __future__ import annotations
 
-import math
-
-import torch
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
 from gradwise.core.transform import Context, Transform
 from gradwise.transforms.gradient_shaping import unit_norm
-from gradwise.transforms.madgrad import scale_by_madgrad
 
 
 class trace_second_moment(Transform):  # noqa: N801
@@ -84,7 +80,6 @@ class shrink_like_ranger21(Transform):  # noqa: N801
 
     with lr_t = lr * schedule(t). Equal to ``add_stable_weight_decay`` and ``add_norm_loss`` before the
     learning rate up to the O(a b) cross term, which this link keeps, to match Ranger21 to float64.
-    ``madgrad=True``: a = lambda_t wd / n with lambda_t = lr_t sqrt(t) (``madgrad_like_ranger21``).
     """
 
     name = "ranger21_shrink"
@@ -95,17 +90,16 @@ class shrink_like_ranger21(Transform):  # noqa: N801
         **add_norm_loss.hyper,
     }
 
-    def __init__(self, schedule, norm_loss: bool = True, madgrad: bool = False):
-        self.schedule, self.norm_loss, self.madgrad = schedule, norm_loss, madgrad
+    def __init__(self, schedule, norm_loss: bool = True):
+        self.schedule, self.norm_loss = schedule, norm_loss
         self.elementwise = not norm_loss
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        lr_t = float(hyper["lr"]) * self.schedule(step - 1)
-        return {"lr_t": lr_t, "decay_t": lr_t * math.sqrt(step) if self.madgrad else lr_t}
+        return {"lr_t": float(hyper["lr"]) * self.schedule(step - 1)}
 
     def factor(self, p: Tensor, ctx: Context) -> Tensor:
         """(1 - a)(1 - b): what p is multiplied by (per unit with norm loss)."""
-        keep = 1 - ctx["decay_t"] * ctx["weight_decay"] / ctx["variance_normalizer"]
+        keep = 1 - ctx["lr_t"] * ctx["weight_decay"] / ctx["variance_normalizer"]
         if not self.norm_loss:
             return keep
         return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
@@ -118,31 +112,4 @@ class shrink_like_ranger21(Transform):  # noqa: N801
         return out
 
     def __repr__(self) -> str:
-        return f"shrink_like_ranger21({self.schedule!r}, norm_loss={self.norm_loss}, madgrad={self.madgrad})"
-
-
-class madgrad_like_ranger21(scale_by_madgrad):  # noqa: N801
-    """Ranger21's MADGRAD core as its code runs it: p shrinks first (``shrink_like_ranger21(madgrad=True)``),
-    then MADGRAD steps from the shrunk point p' (x <- momentum p' + (1 - momentum) z, or p' + s_old /
-    d_old - s / d with momentum 0), with softplus(nu^(1/3)) as denominator; its starting point x0 is
-    p' of the first step (where Ranger21 creates it). The change returned is x_new - p."""
-
-    def __init__(self, schedule, norm_loss: bool = True):
-        super().__init__(schedule, denominator="softplus")
-        self.shrink = shrink_like_ranger21(schedule, norm_loss=norm_loss, madgrad=True)
-        self.elementwise = self.shrink.elementwise
-        self.hyper = {**self.hyper, **self.shrink.hyper}
-
-    def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {**super().scalars(hyper, step), **self.shrink.scalars(hyper, step), "first": float(step == 1)}
-
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        params = [p.to(u.dtype) for u, p in zip(updates, ctx.params)]
-        starts = [p * self.shrink.factor(p, ctx) for p in params]
-        for x0, start in zip(state["x0"], starts):
-            x0.copy_(torch.where(ctx["first"] > 0, start, x0))
-        changes = self.changes(updates, starts, state, ctx)
-        return [start + change - p for start, change, p in zip(starts, changes, params)]
-
-    def __repr__(self) -> str:
-        return f"madgrad_like_ranger21({self.schedule!r}, norm_loss={self.shrink.norm_loss})"
+        return f"shrink_like_ranger21({self.schedule!r}, norm_loss={self.norm_loss})"
