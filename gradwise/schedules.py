@@ -196,21 +196,47 @@ def auto_warmup_steps(beta2: float, total_steps: int, fallback_fraction: float =
     return int(_fraction("fallback_fraction", fallback_fraction) * total) if steps / total > 0.45 else steps
 
 
+def chebyshev_steps(count: int, low: float = 0.1, high: float = 1.0) -> list[float]:
+    """Agarwal, Goel & Zhang (2021, "Acceleration via Fractal Learning Rate Schedules",
+    arXiv:2103.01338): the ``count`` Chebyshev step sizes 1 / (C - R cos((i + 1/2) pi / count)),
+    C = (high + low) / 2, R = (high - low) / 2 (from 1 / high up to nearly 1 / low), in the fractal
+    order sigma: sigma_1 = (0), sigma_2m = interleave(sigma_m, 2m - 1 - sigma_m). ``count`` must be a
+    power of two, as the order is defined for those (Ranger21's code fails on other counts)."""
+    count = _length("count", count)
+    if count < 1 or count & (count - 1):
+        raise ValueError(f"invalid count={count!r}: the fractal Chebyshev order needs a power of two >= 1")
+    centre, radius = (high + low) / 2, (high - low) / 2
+    steps = [1 / (centre - radius * math.cos((i + 0.5) / count * math.pi)) for i in range(count)]
+    order = [0]
+    while len(order) < count:
+        order = [j for i in order for j in (i, 2 * len(order) - 1 - i)]
+    return [steps[i] for i in order]
+
+
 class ranger21_schedule(Schedule):  # noqa: N801
     """Ranger21's warmup and explore-exploit warm-down, exactly as its code counts steps (s = t + 1):
 
     f = min(1, s / warmup_steps) for s <= warmup_steps, else 1;  from s >= S = total - warmdown_steps:
     f = max(1 - (1 - min_factor) min(max(s + 1 - S, 1) / (warmdown_steps + 1), 1), min_factor)
     (the warm-down replaces the warmup factor, as in the reference).
+
+    ``cheb`` (a list of factors, one per epoch of ``epoch_steps`` steps, e.g. ``chebyshev_steps``)
+    multiplies the constant part after the warmup as Ranger21's ``use_cheb`` does: from s >
+    warmup_steps until the warm-down, f = cheb[clamp(s // epoch_steps - 1, 0, len(cheb) - 1)].
     """
 
-    def __init__(self, total_steps: int, warmup_steps: int, warmdown_steps: int, min_factor: float):
+    def __init__(self, total_steps: int, warmup_steps: int, warmdown_steps: int, min_factor: float,
+                 cheb: list[float] | None = None, epoch_steps: int = 1):
         self.length = _length("total_steps", total_steps)
         self.warmup_steps = _length("warmup_steps", warmup_steps)
         self.warmdown_steps = _length("warmdown_steps", warmdown_steps)
         self.min_factor = _factor("min_factor", min_factor)
         _check_budget(self.length, warmup_steps=self.warmup_steps)  # the warm-down may overlap the warmup
         _check_budget(self.length, warmdown_steps=self.warmdown_steps)
+        self.cheb = [_factor("cheb", c) for c in cheb] if cheb is not None else None
+        self.epoch_steps = _length("epoch_steps", epoch_steps)
+        if self.cheb is not None and (not self.cheb or self.epoch_steps < 1):
+            raise ValueError(f"invalid cheb={cheb!r}, epoch_steps={epoch_steps!r}: expected factors and epochs >= 1")
 
     def _at(self, t: int) -> float:
         s, start = t + 1, self.length - self.warmdown_steps
@@ -219,11 +245,14 @@ class ranger21_schedule(Schedule):  # noqa: N801
             return max(1.0 - (1.0 - self.min_factor) * pct, self.min_factor)
         if self.warmup_steps and s <= self.warmup_steps:
             return min(1.0, s / self.warmup_steps)
+        if self.cheb is not None:
+            return self.cheb[min(max(s // self.epoch_steps - 1, 0), len(self.cheb) - 1)]
         return 1.0
 
     def __repr__(self) -> str:
+        cheb = f", cheb={self.cheb}, epoch_steps={self.epoch_steps}" if self.cheb is not None else ""
         return (f"ranger21_schedule({self.length}, warmup_steps={self.warmup_steps},"
-                f" warmdown_steps={self.warmdown_steps}, min_factor={self.min_factor})")
+                f" warmdown_steps={self.warmdown_steps}, min_factor={self.min_factor}{cheb})")
 
 
 class ScheduleLR(torch.optim.lr_scheduler.LRScheduler):
@@ -247,6 +276,7 @@ class ScheduleLR(torch.optim.lr_scheduler.LRScheduler):
 
 
 __all__ = [
-    "Schedule", "ScheduleLR", "Sequence", "algoperf_baseline", "auto_warmup_steps", "constant", "cosine",
+    "Schedule", "ScheduleLR", "Sequence", "algoperf_baseline", "auto_warmup_steps", "chebyshev_steps", "constant",
+    "cosine",
     "explore_exploit", "linear_decay", "ranger21_schedule", "warmup", "warmup_stable_decay",
 ]

@@ -7,7 +7,8 @@ One spawn runs every check, so torch is imported and the process group built onc
 * ``optimizer.state_dict()`` holds the param-shaped state as DTensors sharded like their parameters,
   and a per-rank ``torch.save``/``torch.load(weights_only=True)`` round trip into a fresh sharded
   optimizer resumes bit-identically (for NAdamW also a ``torch.distributed.checkpoint`` round trip);
-* ``skip_nonfinite`` skips the step on every rank when only one rank's shard of the gradient is NaN.
+* ``skip_nonfinite`` skips the step on every rank when only one rank's shard of the gradient is NaN;
+* Ranger21, which needs whole tensors, raises ``NotImplementedError`` and changes nothing.
 
 Failures inside a rank are re-raised here with that rank's traceback; a hung rank is bounded by the
 process group's timeout and by a deadline on the join, after which the ranks are killed.
@@ -258,6 +259,28 @@ def _run_skip_nonfinite(rank: int, mesh) -> None:
     assert steps == [2.0] * len(steps), f"{label}: rank {rank} step counts {steps}"
 
 
+def _run_ranger21_refuses(rank: int, mesh) -> None:
+    """Ranger21 reads whole tensors (standard deviations, unit norms) and a mean over every parameter:
+    on shards it raises, naming FSDP2's way out, before anything changes (MADGRAD and AdaBelief too)."""
+    import gradwise
+
+    torch.manual_seed(0)
+    model = _shard(_mlp(), mesh)
+    for kwargs in ({}, {"use_madgrad": True}, {"use_adabelief": True}):
+        optimizer = gradwise.Ranger21(model.parameters(), lr=1e-3, num_iterations=10, compile=False, **kwargs)
+        _sharded_backward(model, 0, rank)
+        before = [p.to_local().clone() for p in model.parameters()]
+        try:
+            optimizer.step()
+        except NotImplementedError as error:
+            assert "FSDP2" in str(error) and "whole tensors" in str(error), str(error)
+        else:
+            raise AssertionError(f"Ranger21({kwargs}) stepped on DTensor shards")
+        assert all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
+        assert not optimizer.state or all(float(st.get("step", 0)) == 0 for st in optimizer.state.values())
+        optimizer.zero_grad()
+
+
 def _worker(rank: int, port: int, directory: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -280,6 +303,7 @@ def _worker(rank: int, port: int, directory: str) -> None:
                     error.add_note(f"(rank {rank}, case {case[0]})")
                 raise
         _run_skip_nonfinite(rank, mesh)
+        _run_ranger21_refuses(rank, mesh)
     finally:
         dist.destroy_process_group()
 

@@ -101,7 +101,6 @@ def test_checkpoint_resumes_exactly(mode):
     (dict(num_iterations=10, warmdown_min_lr=1.0), ValueError, "warmdown_min_lr=1.0"),
     (dict(num_iterations=10, warmdown_start_pct=1.5), ValueError, "warmdown_start_pct=1.5"),
     (dict(num_iterations=10, momentum_type="classic"), ValueError, "momentum_type='classic'"),
-    (dict(num_iterations=10, use_madgrad=True), NotImplementedError, "use_madgrad"),
     (dict(num_iterations=10, lookahead_mergetime=0), ValueError, "lookahead_k=0"),
     (dict(num_iterations=10, agc_clipping_value=-1.0), ValueError, "agc_clipping_value=-1.0"),
     (dict(num_iterations=10, using_gc="yes"), TypeError, "using_gc='yes'"),
@@ -161,3 +160,19 @@ def test_ranger21_package_loses_lookahead_on_resume_and_we_do_not():
     resumed = _growing_gradient_run(lambda p: gradwise.Ranger21(p, compile=False, **PACKAGE_CASE), 40, resume_at=13)
     straight = _growing_gradient_run(lambda p: gradwise.Ranger21(p, compile=False, **PACKAGE_CASE), 40)
     assert torch.equal(resumed[-1][0], straight[-1][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_three_dim_and_conv_shaped_parameters_match_pytorch_optimizer(dtype):
+    """AGC's units of a 3-d tensor (fibres [i, :, k]) are not centralization's (slices [i]); 4-d ones are."""
+    from tests.test_parity import run_bag
+
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in [(4, 3, 5), (3, 2, 2, 2), (7,), ()]]
+    kwargs = dict(lr=1e-2, num_iterations=STEPS, agc_clipping_value=0.5)
+    ours = run_bag(lambda p: gradwise.Ranger21(p, pnm_momentum_factor=0.9, num_warmup_iterations=10, compile=False,
+                                               **kwargs), [p.detach().clone().requires_grad_() for p in params],
+                   dtype, STEPS)
+    theirs = run_bag(lambda p: _ranger21(p, beta0=0.9, num_warm_up_iterations=10, **kwargs),
+                     [p.detach().clone().requires_grad_() for p in params], dtype, STEPS, reference=True)
+    assert_trajectories_close(ours, theirs, dtype)

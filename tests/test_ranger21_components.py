@@ -88,6 +88,20 @@ def test_pnm_with_ranger21s_second_centralization_and_normalization():
     _compare(scale_by_pnm_adam(recentralize=True, renormalize=True), {}, reference, scale=0.05)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("reshape", [False, True])
+def test_pnm_with_adabeliefs_second_moment(reshape, dtype):
+    pnm = {}
+
+    def reference(i, p, g):
+        if i not in pnm:
+            pnm[i] = ref.PNMAdam(g, (0.9, 0.99), 1e-8, 0.9, 50.0, belief=True)
+        return pnm[i].direction(g, ref.normalize(ref.centralize(g)) if reshape else g)
+
+    _compare(scale_by_pnm_adam(recentralize=reshape, renormalize=reshape, belief=True),
+             dict(betas=(0.9, 0.99), pnm_momentum_factor=0.9), reference, dtype, scale=0.05)
+
+
 def test_warmup_and_warmdown_inside_a_chain():
     schedule = schedules.ranger21_schedule(100, warmup_steps=20, warmdown_steps=28, min_factor=0.1)
     step = {"t": {}}

@@ -280,7 +280,7 @@ class Optimizer(torch.optim.Optimizer):
         seeds = [seed(int(st["step"]), self._position(p), "param") for p, st in zip(params, states)] \
             if rounds_stochastically(static, params[0].dtype) else None
         views = [local(p) for p in params]
-        grads = [local(p.grad) for p in params]
+        grads = [local(self._gradient(p)) for p in params]
         own = [{k: local(s[k]) for k in keys} for s in states]
         eager = list(range(len(views)))
         runner = self._runner(transform)
@@ -297,6 +297,11 @@ class Optimizer(torch.optim.Optimizer):
         if eager:
             run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager], [own[i] for i in eager],
                       values, layout, static, None if seeds is None else [seeds[i] for i in eager])
+
+    def _gradient(self, p: Tensor) -> Tensor:
+        """The gradient the chain starts from: ``p.grad``, unless a recipe that shapes gradients before
+        its step (Ranger21's prologue) hands its own tensor over."""
+        return p.grad
 
     def _fall_back(self, error: Exception) -> None:
         """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""

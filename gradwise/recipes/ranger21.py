@@ -7,14 +7,16 @@ import torch
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
-from gradwise.core.params import local
-from gradwise.core.transform import Context, chain, state_dtype
-from gradwise.schedules import auto_warmup_steps, ranger21_schedule
-from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
+from gradwise.core.params import DTensor, local
+from gradwise.core.transform import chain, state_dtype
+from gradwise.recipes.ranger21_prologue import VARIANCE_SUM, ranger21_prologue, shape_gradient, shrink
+from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
+from gradwise.transforms.gradient_shaping import unit_norm
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import shrink_like_ranger21
+from gradwise.transforms.madgrad import scale_by_madgrad
+from gradwise.transforms.regularizers import trace_second_moment
 
 
 class Ranger21(Optimizer):
@@ -31,9 +33,20 @@ class Ranger21(Optimizer):
     linear warm-down to ``warmdown_min_lr`` over the last ``1 - warmdown_start_pct`` of the budget.
     The budget is ``num_epochs * num_batches_per_epoch`` or ``num_iterations``. The step count lives
     in the optimizer state, so a checkpoint resumes the schedule and Lookahead exactly.
-    Not supported (they raise): ``use_madgrad``, ``use_adabelief``, ``use_cheb``,
-    ``lookahead_load_at_validation``, a ``momentum_type`` other than "pnm", ``decay_type`` other
-    than "stable", ``warmup_type`` other than "linear". ``momentum`` is read only by MADGRAD.
+
+    The parts that read whole tensors (shaping, n, the shrink) run as a prologue before an elementwise
+    chain (``ranger21_prologue``), which runs in cache-sized pieces or compiles once for any length;
+    with ``use_madgrad`` or ``use_adabelief`` the whole chain runs on whole tensors.
+
+    Options pytorch-optimizer lacks follow the authors' package (see README for its slips we avoid):
+    ``use_madgrad`` replaces the core by MADGRAD (``scale_by_madgrad``: lambda_t = lr f(t) sqrt(t),
+    softplus of the cube root, ``momentum``), decays by a = lambda_t weight_decay / n with n the cube
+    root of the mean second moment, and carries the shrink into MADGRAD's average;
+    ``use_adabelief`` makes v AdaBelief's belief (g - m_t)^2; ``use_cheb`` multiplies f after the
+    warmup by Agarwal et al.'s fractal Chebyshev steps, one per epoch (``num_epochs - 2`` of them);
+    ``lookahead_load_at_validation`` makes ``optimizer.eval()`` put the slow weights in the model
+    and ``optimizer.train()`` the fast ones back. Not supported (they raise): a ``momentum_type``
+    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear".
     """
 
     def __init__(self, params, lr, lookahead_active=True, lookahead_mergetime=5, lookahead_blending_alpha=0.5,
@@ -46,11 +59,6 @@ class Ranger21(Optimizer):
                  weight_decay=1e-4, decay_type="stable", warmup_type="linear", warmup_pct_default=0.22,
                  logging_active=False, *, num_iterations=None, maximize=False, skip_nonfinite=False,
                  compile="auto"):
-        for name, value in (("use_madgrad", use_madgrad), ("use_adabelief", use_adabelief), ("use_cheb", use_cheb),
-                            ("lookahead_load_at_validation", lookahead_load_at_validation)):
-            boolean(name, value)
-            if value:
-                raise NotImplementedError(f"Ranger21({name}=True) is not supported by gradwise yet")
         for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
                                      ("warmup_type", warmup_type, "linear")):
             if value != allowed:
@@ -59,22 +67,32 @@ class Ranger21(Optimizer):
                             ("using_normgc", using_normgc), ("normloss_active", normloss_active),
                             ("use_adaptive_gradient_clipping", use_adaptive_gradient_clipping),
                             ("use_warmup", use_warmup), ("warmdown_active", warmdown_active),
-                            ("logging_active", logging_active)):
+                            ("logging_active", logging_active), ("use_madgrad", use_madgrad),
+                            ("use_adabelief", use_adabelief), ("use_cheb", use_cheb),
+                            ("lookahead_load_at_validation", lookahead_load_at_validation)):
             boolean(name, value)
+        if use_madgrad and use_adabelief:
+            raise ValueError("Ranger21: use_adabelief=True changes the Adam core's second moment; it has no"
+                             " meaning with use_madgrad=True")
         total = _budget(num_epochs, num_batches_per_epoch, num_iterations)
         # the warm-down's start as each reference rounds it: int(pct * epochs * batches) or int(pct * iterations)
         factors = (num_iterations,) if num_iterations is not None else (num_epochs, num_batches_per_epoch)
+        cheb = _chebyshev(num_epochs, num_iterations) if use_cheb else None
         schedule = _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default,
-                             warmdown_active, warmdown_start_pct, warmdown_min_lr)
-        shaping = [clip_by_agc()] if use_adaptive_gradient_clipping else []
-        shaping += [centralize_gradient()] if using_gc else []
-        shaping += [normalize_gradient()] if using_normgc else []
-        links = shaping + [scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only),
-                           scale_by_schedule(schedule), scale_by_learning_rate(),
-                           shrink_like_ranger21(schedule, norm_loss=normloss_active)]
-        links += [lookahead()] if lookahead_active else []
-        hyper = dict(lr=lr, betas=betas, eps=eps, pnm_momentum_factor=pnm_momentum_factor, softplus=softplus,
-                     beta_softplus=float(beta_softplus), weight_decay=weight_decay)
+                             warmdown_active, warmdown_start_pct, warmdown_min_lr, cheb, num_batches_per_epoch)
+        hyper = dict(lr=lr, betas=betas, eps=eps, softplus=softplus, beta_softplus=float(beta_softplus),
+                     weight_decay=weight_decay)
+        # the prologue shapes the gradient and shrinks p (``ranger21_prologue``); the rest is elementwise
+        links = [ranger21_prologue(agc=use_adaptive_gradient_clipping, gc=using_gc)]
+        if use_madgrad:  # Adam's second moment still drives stable weight decay
+            self._core = trace_second_moment()
+            links += [self._core, scale_by_madgrad(schedule, denominator="softplus")]
+            hyper.update(momentum=momentum)
+        else:
+            self._core = scale_by_pnm_adam(prescaled=True, belief=use_adabelief)
+            links += [self._core, scale_by_schedule(schedule), scale_by_learning_rate()]
+            hyper.update(pnm_momentum_factor=pnm_momentum_factor)
+        links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []
         if use_adaptive_gradient_clipping:
             hyper.update(agc_clipping_value=agc_clipping_value, agc_eps=agc_eps)
         if using_gc:
@@ -83,48 +101,98 @@ class Ranger21(Optimizer):
         if lookahead_active:
             hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
         self.schedule = schedule
-        self._shaping = chain(*shaping) if shaping else None
+        self.use_madgrad = use_madgrad
+        self._options = dict(agc=use_adaptive_gradient_clipping, gc=using_gc, gn=using_normgc,
+                             norm_loss=normloss_active)
+        self._shaped: dict[torch.Tensor, torch.Tensor] = {}  # the prologue's g', one scratch tensor per parameter
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          **hyper)
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Set every group's ``variance_normalizer`` (stable weight decay's n) for this step, then step."""
+        """One Ranger21 step: the prologue over whole tensors, then the elementwise chain."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_inputs()  # before the normalizer's pass reads any gradient
-        normalizer = self._variance_normalizer() if any(g["weight_decay"] for g in self.param_groups) else 1.0
-        if math.isfinite(normalizer) and normalizer > 0:  # else the step is skipped (skip_nonfinite) or fails
-            for group in self.param_groups:
-                group["variance_normalizer"] = normalizer
-        super().step()
+        self._check_inputs()  # before the prologue reads any gradient
+        if any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
+            raise NotImplementedError("Ranger21 needs whole tensors (the standard deviation of each gradient and a"
+                                      " mean over every parameter), and gradwise does not yet gather DTensor shards;"
+                                      " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
+        self._step_with_prologue()
         return loss
 
-    def _variance_normalizer(self) -> float:
-        """sqrt((1 + sum of b2 v + (1 - b2) g'^2 over every element) / elements), with g' the shaped
-        gradient and v the second moment before this step (the 1 is pytorch-optimizer's)."""
-        total, count = torch.zeros((), dtype=torch.float64), 0
-        for group in self.param_groups:
-            b2 = group["betas"][1]
-            params = [p for p in group["params"] if p.grad is not None]
+    def _gradient(self, p: torch.Tensor) -> torch.Tensor:
+        return self._shaped[p]
+
+    def _step_with_prologue(self) -> None:
+        """Shape every gradient (``ranger21_prologue.shape_gradient``), find n, shrink every parameter,
+        then run the elementwise chain on the shaped gradients."""
+        work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
+        if self.mode == "eval" and self._has_modes():
+            return super().step()  # raises, changing nothing
+        if self._must_skip(work):
+            self.skipped_steps += 1
+            return None
+        options, pending, sums, count = self._options, [], [], 0
+        variance = f"{self._core.name}.variance_ma"
+        for group, params in work:
+            b1, b2 = group["betas"]
             for p in params:
-                g = local(p.grad).neg() if group["maximize"] else local(p.grad)
-                g = g.to(state_dtype(local(p)))
-                if self._shaping is not None:
-                    hyper = {k: torch.tensor(float(group[k]), dtype=g.dtype, device=g.device)
-                             for k in ("agc_clipping_value", "agc_eps") if k in group}
-                    static = {"gc_conv_only": group.get("gc_conv_only", False)}
-                    g = self._shaping.update([g], {}, Context([local(p)], [g], hyper, static))[0]
-                state = self.state.get(p, {})
-                v = g * g * (1 - b2)
-                if "pnm.variance_ma" in state:
-                    v = local(state["pnm.variance_ma"]) * b2 + v
-                step = int(state["step"]) + 1 if "step" in state else 1
-                total += (v / (1 - b2**step)).sum().double().cpu()
+                state = self._state_for(p, group)
+                if p not in self._shaped:
+                    self._shaped[p] = torch.empty_like(p, dtype=state_dtype(p))
+                shaped = self._shaped[p]
+                norm = unit_norm(p.to(shaped.dtype)) if options["agc"] or options["norm_loss"] else None
+                squares, scale = shape_gradient(p.grad, norm if options["agc"] else None, shaped, group,
+                                                options["gc"], options["gn"])
+                step = int(state["step"]) + 1
+                if getattr(self._core, "belief", False):  # v averages (g' - m_t)^2: one more pass
+                    fed = state["pnm.grad_ma" if step % 2 == 1 else "pnm.neg_grad_ma"]
+                    residual = shaped - fed.lerp(shaped * scale, 1 - b1 * b1)
+                    squares = (residual * residual).sum(dtype=torch.float64)
+                if VARIANCE_SUM not in state:
+                    state[VARIANCE_SUM] = state[variance].sum(dtype=torch.float64)
+                variance_sum = state[VARIANCE_SUM] * b2 + squares.to(state[VARIANCE_SUM].device) * (1 - b2)
+                sums.append(variance_sum / (1 - b2**step))
                 count += p.numel()
-        return math.sqrt((1 + float(total)) / count) if count else 1.0
+                if "pnm.momentum_scale" in state:
+                    state["pnm.momentum_scale"].copy_(scale)
+                pending.append((group, p, norm, step, variance_sum))
+        total = float(torch.stack([s.to(sums[0].device) for s in sums]).sum()) if sums else 0.0  # one sync
+        normalizer = _normalizer(total, count, self.use_madgrad)
+        for group, p, norm, step, _ in pending:
+            group["variance_normalizer"] = normalizer
+            lr_t = group["lr"] * self.schedule(step - 1)
+            decay_t = lr_t * math.sqrt(step) if self.use_madgrad else lr_t  # MADGRAD's lambda_t
+            shrink(p, norm if options["norm_loss"] else None, decay_t * group["weight_decay"] / normalizer, lr_t, group)
+            if self.use_madgrad and step == 1:  # MADGRAD starts from the shrunk point, as Ranger21 creates x0
+                self.state[p]["madgrad.x0"].copy_(p)
+        super().step()
+        for _, p, _, _, variance_sum in pending:
+            self.state[p][VARIANCE_SUM] = variance_sum
+
+
+def _normalizer(total: float, count: int, madgrad: bool) -> float:
+    """Stable weight decay's n from the sum of the bias-corrected second moment over ``count`` elements:
+    sqrt((1 + total) / count) (the 1 is pytorch-optimizer's), or (total / count)^(1/3) with MADGRAD (the
+    authors' package)."""
+    if not count:
+        return 1.0
+    return (total / count) ** (1 / 3) if madgrad else math.sqrt((1 + total) / count)
+
+
+def _chebyshev(num_epochs, num_iterations) -> list[float]:
+    """Ranger21's ``use_cheb`` factors: ``chebyshev_steps(num_epochs - 2)``, one per epoch."""
+    if num_iterations is not None:
+        raise ValueError("Ranger21(use_cheb=True) steps its Chebyshev schedule once per epoch: give num_epochs and"
+                         " num_batches_per_epoch, not num_iterations")
+    count = num_epochs - 2
+    if count < 1 or count & (count - 1):
+        raise ValueError(f"invalid num_epochs={num_epochs!r} with use_cheb=True: num_epochs - 2 must be a power of"
+                         " two >= 1 (3, 4, 6, 10, 18, ...), the lengths the fractal Chebyshev order is defined for")
+    return chebyshev_steps(count)
 
 
 def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
@@ -148,7 +216,7 @@ def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
 
 
 def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
-              warmdown_start_pct, warmdown_min_lr):
+              warmdown_start_pct, warmdown_min_lr, cheb, epoch_steps):
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"invalid lr={lr!r}: expected a finite number > 0")
     warmup = 0
@@ -165,4 +233,4 @@ def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warm
         warmdown = total - int(start)
     if not isinstance(warmdown_min_lr, (int, float)) or not 0.0 <= warmdown_min_lr <= lr:
         raise ValueError(f"invalid warmdown_min_lr={warmdown_min_lr!r}: expected a number in [0, lr={lr!r}]")
-    return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr)
+    return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr, cheb=cheb, epoch_steps=epoch_steps or 1)

@@ -16,11 +16,13 @@ from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_ag
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.low_rank import project_low_rank
+from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay, shrink_like_ranger21
+from gradwise.transforms.regularizers import (add_norm_loss, add_stable_weight_decay, shrink_like_ranger21,
+                                              trace_second_moment)
 from gradwise.transforms.route import route
 from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_free
 from gradwise.transforms.shampoo import scale_by_shampoo
@@ -53,6 +55,7 @@ __all__ = [
     "scale_by_factored_rms",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_madgrad",
     "scale_by_nadam",
     "scale_by_param_block_rms",
     "scale_by_pnm_adam",
@@ -66,5 +69,6 @@ __all__ = [
     "shrink_like_ranger21",
     "skip_nonfinite",
     "trace",
+    "trace_second_moment",
     "trace_ema",
 ]

@@ -7,6 +7,13 @@ The chain before it moves fast weights; every ``lookahead_k`` steps the slow wei
 
 As a last link it turns the change u into the one that lands p on the new slow weights on those
 steps (u <- slow_new - p) and passes u through on the others.
+
+``lookahead(evaluate_slow=True)`` evaluates the model at the slow weights, as Ranger21's
+``lookahead_load_at_validation`` means to: ``Optimizer.eval()`` swaps each parameter with its slow
+weights (the buffer then holds the fast ones) and ``Optimizer.train()`` swaps them back, through
+``Transform.set_mode``; so both are idempotent, no memory is added, and the mode is saved in
+``state_dict``. (For 16-bit parameters the slow weights are rounded to the parameter's dtype at each
+``eval()``.)
 """
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, closed_unit_interval
+from gradwise.core.hyper import Hyper, boolean, closed_unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 
 
@@ -31,6 +38,14 @@ class lookahead(Transform):  # noqa: N801
     state = ("slow",)
     hyper = {"lookahead_k": Hyper(5, positive_int), "lookahead_alpha": Hyper(0.5, closed_unit_interval)}
 
+    def __new__(cls, evaluate_slow: bool = False):
+        if evaluate_slow and cls is lookahead:
+            cls = _lookahead_evaluated_slow
+        return super().__new__(cls)
+
+    def __init__(self, evaluate_slow: bool = False):
+        boolean("evaluate_slow", evaluate_slow)
+
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         return {"slow": param.detach().to(state_dtype(param), copy=True)}
 
@@ -38,10 +53,23 @@ class lookahead(Transform):  # noqa: N801
         return {"sync": float(step % hyper["lookahead_k"] == 0)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        alpha, sync = ctx["lookahead_alpha"], ctx["sync"]
+        sync = ctx["sync"]
+        weight = ctx["lookahead_alpha"] * sync  # 0 off the merge steps: slow stays as it is, exactly
         out = []
         for u, p, slow in zip(updates, ctx.params, state["slow"]):
-            merged = slow + (p + u - slow) * alpha
-            slow.copy_(torch.where(sync > 0, merged, slow))
-            out.append(torch.where(sync > 0, merged - p, u))
+            slow.lerp_(p + u, weight)
+            out.append(torch.where(sync > 0, slow - p, u))
         return out
+
+
+class _lookahead_evaluated_slow(lookahead):  # noqa: N801
+    """``lookahead(evaluate_slow=True)``: the model holds the slow weights in eval mode."""
+
+    def set_mode(self, mode: str, param: Tensor, state, group) -> None:
+        slow = state["slow"]
+        fast = param.to(slow.dtype, copy=True)
+        param.copy_(slow)
+        slow.copy_(fast)
+
+    def __repr__(self) -> str:
+        return "lookahead(evaluate_slow=True)"

@@ -11,9 +11,17 @@ momenta fed on alternate steps and combines them with beta0 = ``pnm_momentum_fac
 with s the softplus smoothing s(x) = log(1 + exp(beta_softplus x)) / beta_softplus (Tong et al., 2019,
 "Calibrating the adaptive learning rate") when ``softplus`` is on, else the identity.
 
+With ``belief=True`` v tracks AdaBelief's belief in the gradient (Zhuang et al., 2020, "AdaBelief
+Optimizer", arXiv:2010.07468) instead of its square: v <- b2 v + (1 - b2) (g - m_t)^2, with m_t the
+momentum fed this step, after its update (AdaBelief's m_t; PNM's two momenta each average every
+other gradient).
+
 Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
 normalized gradient and the momenta that gradient centralized and normalized once more; with
 ``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
+With ``prescaled`` the momenta average u times the 0-d state ``momentum_scale`` instead, which the
+caller sets before each step (Ranger21's prologue: those two steps reduce to one factor), and the
+link stays elementwise.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
-from gradwise.core.transform import Context, Transform
+from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.gradient_shaping import centralized, normalized
 
 
@@ -41,9 +49,33 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         "beta_softplus": Hyper(50.0, positive, static=True),
     }
 
-    def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False):
+    def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False,
+                 belief: bool = False, prescaled: bool = False):
+        if prescaled and (recentralize or renormalize):
+            raise ValueError("scale_by_pnm_adam: prescaled=True replaces recentralize and renormalize")
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
+        self.belief, self.prescaled = belief, prescaled
         self.elementwise = not (recentralize or renormalize)
+        if prescaled:
+            self.state = (*self.state, "momentum_scale")
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        dtype = state_dtype(param)
+        buffers = {k: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
+                   for k in self.state if k != "momentum_scale"}
+        if self.prescaled:
+            buffers["momentum_scale"] = torch.ones((), dtype=dtype, device=param.device)
+        return buffers
+
+    def momentum_input(self, u: Tensor) -> Tensor:
+        """The gradient the momenta average: u, centralized and normalized once more if asked."""
+        g = centralized(u, self.gc_conv_only) if self.recentralize else u
+        return normalized(g) if self.renormalize else g
+
+    def variance_input(self, u: Tensor, g: Tensor, fed: Tensor | None, rate) -> Tensor:
+        """What v averages the square of: u, or (belief) u - m_t with m_t = fed + rate (g - fed), the
+        momentum this step feeds (``fed``, before its update; g = ``momentum_input(u)``)."""
+        return u - fed.lerp(g, rate) if self.belief else u
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         # the buffer fed this step (grad_ma on odd steps, neg_grad_ma on even ones) moves by 1 - b1^2,
@@ -52,33 +84,37 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         beta0 = float(hyper["pnm_momentum_factor"])
         odd = step % 2 == 1
         rate = 1 - b1 * b1
+        scale = 1 / math.sqrt((1 + beta0) ** 2 + beta0**2) / (1 - b1**step)
         return {
+            "fed_rate": rate,
+            "odd": 1.0 if odd else 0.0,
             "pos_rate": rate if odd else 0.0,
             "neg_rate": 0.0 if odd else rate,
-            "pos_coef": 1 + beta0 if odd else -beta0,
-            "neg_coef": -beta0 if odd else 1 + beta0,
-            "inv_bias1": 1 / (1 - b1**step),
+            # the combination's coefficients, 1 / noise norm and 1 / (1 - b1^t) folded in
+            "pos_coef": (1 + beta0 if odd else -beta0) * scale,
+            "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
             "bias2_sqrt": math.sqrt(1 - b2**step),
-            "inv_noise_norm": 1 / math.sqrt((1 + beta0) ** 2 + beta0**2),
         }
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2, eps = ctx["betas"][1], ctx["eps"]
         out = []
         buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
-        for u, (pos, neg, v, v_max) in zip(updates, buffers):
-            v.mul_(b2).add_(u * u * (1 - b2))
+        scales = state["momentum_scale"] if self.prescaled else [None] * len(updates)
+        for u, (pos, neg, v, v_max), scale in zip(updates, buffers, scales):
+            g = u * scale if self.prescaled else self.momentum_input(u)
+            fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
+            x = self.variance_input(u, g, fed, ctx["fed_rate"])
+            v.mul_(b2).addcmul_(x, x * (1 - b2))
             v_max.copy_(torch.maximum(v_max, v))
             denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
             if ctx["softplus"]:
                 denom = F.softplus(denom, beta=ctx["beta_softplus"])
-            g = centralized(u, self.gc_conv_only) if self.recentralize else u
-            g = normalized(g) if self.renormalize else g
             pos.lerp_(g, ctx["pos_rate"])
             neg.lerp_(g, ctx["neg_rate"])
-            direction = (pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) * ctx["inv_noise_norm"]
-            out.append(direction * ctx["inv_bias1"] / denom)
+            out.append((pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) / denom)
         return out
 
     def __repr__(self) -> str:
-        return f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize})"
+        return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
+                f" belief={self.belief}, prescaled={self.prescaled})")

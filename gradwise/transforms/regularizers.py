@@ -11,15 +11,33 @@
 
 Ranger21's code shrinks p by the two factors one after the other and then takes the step; added to
 the update they differ from it by a term of order lr^2 wd f per step. ``shrink_like_ranger21`` keeps
-that term (the ``Ranger21`` recipe uses it, to match its references to float64).
+that term (its reading of Ranger21 matches the references to float64; the ``Ranger21`` recipe itself
+shrinks p in its prologue). With the MADGRAD core, Ranger21's n still reads Adam's second moment,
+which ``trace_second_moment`` keeps.
 """
 from __future__ import annotations
 
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, non_negative, positive
+from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
 from gradwise.core.transform import Context, Transform
 from gradwise.transforms.gradient_shaping import unit_norm
+
+
+class trace_second_moment(Transform):  # noqa: N801
+    """v <- b2 v + (1 - b2) u^2 (b2 = ``betas[1]``), passing u through: Adam's second moment, kept for
+    stable weight decay's n by a chain whose core does not keep it (Ranger21 with MADGRAD)."""
+
+    name = "second_moment"
+    state = ("variance_ma",)
+    nonnegative = ("variance_ma",)
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        b2 = ctx["betas"][1]
+        for u, v in zip(updates, state["variance_ma"]):
+            v.mul_(b2).add_(u * u * (1 - b2))
+        return updates
 
 
 class add_stable_weight_decay(Transform):  # noqa: N801
@@ -79,14 +97,19 @@ class shrink_like_ranger21(Transform):  # noqa: N801
     def scalars(self, hyper, step: int) -> dict[str, float]:
         return {"lr_t": float(hyper["lr"]) * self.schedule(step - 1)}
 
+    def factor(self, p: Tensor, ctx: Context) -> Tensor:
+        """(1 - a)(1 - b): what p is multiplied by (per unit with norm loss)."""
+        keep = 1 - ctx["lr_t"] * ctx["weight_decay"] / ctx["variance_normalizer"]
+        if not self.norm_loss:
+            return keep
+        return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        lr_t, eps = ctx["lr_t"], ctx["eps"]
-        keep = 1 - lr_t * ctx["weight_decay"] / ctx["variance_normalizer"]
         out = []
         for u, p in zip(updates, ctx.params):
             p = p.to(u.dtype)
-            factor = keep
-            if self.norm_loss:
-                factor = keep * (1 - lr_t * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + eps)))
-            out.append(u + p * (factor - 1))
+            out.append(u + p * (self.factor(p, ctx) - 1))
         return out
+
+    def __repr__(self) -> str:
+        return f"shrink_like_ranger21({self.schedule!r}, norm_loss={self.norm_loss})"

@@ -64,25 +64,29 @@ def norm_loss_term(p, factor, eps):
 
 
 class PNMAdam:
-    """Positive-negative momentum (Xie et al., 2021) over an AMSGrad, softplus-smoothed Adam denominator."""
+    """Positive-negative momentum (Xie et al., 2021) over an AMSGrad, softplus-smoothed Adam denominator;
+    with ``belief``, the second moment of g - m_t (AdaBelief, Zhuang et al., 2020), m_t the momentum
+    fed this step."""
 
-    def __init__(self, like, betas, eps, beta0, softplus_beta=None):
+    def __init__(self, like, betas, eps, beta0, softplus_beta=None, belief=False):
         self.m = [torch.zeros_like(like), torch.zeros_like(like)]
         self.v = torch.zeros_like(like)
         self.v_max = torch.zeros_like(like)
         self.betas, self.eps, self.beta0, self.softplus_beta, self.t = betas, eps, beta0, softplus_beta, 0
+        self.belief = belief
 
     def direction(self, g_second_moment, g_momentum):
         b1, b2 = self.betas
         self.t += 1
-        self.v = b2 * self.v + (1 - b2) * g_second_moment**2
+        this, other = (0, 1) if self.t % 2 == 1 else (1, 0)
+        self.m[this] = b1**2 * self.m[this] + (1 - b1**2) * g_momentum
+        x = g_second_moment - self.m[this] if self.belief else g_second_moment
+        self.v = b2 * self.v + (1 - b2) * x**2
         self.v_max = torch.maximum(self.v_max, self.v)
         denom = self.v_max.sqrt() / math.sqrt(1 - b2**self.t) + self.eps
         if self.softplus_beta is not None:
             z = self.softplus_beta * denom  # torch's softplus, which Ranger21 calls: linear above z = 20
             denom = torch.where(z > 20, denom, torch.log1p(torch.exp(z)) / self.softplus_beta)
-        this, other = (0, 1) if self.t % 2 == 1 else (1, 0)
-        self.m[this] = b1**2 * self.m[this] + (1 - b1**2) * g_momentum
         pnm = ((1 + self.beta0) * self.m[this] - self.beta0 * self.m[other]) / math.sqrt(
             (1 + self.beta0) ** 2 + self.beta0**2)
         return pnm / (1 - b1**self.t) / denom
