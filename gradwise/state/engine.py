@@ -71,8 +71,7 @@ class EncodedState:
             parts = {buffer: parts_of(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
-            # detached: a plain tensor sharing p's memory, as dynamo keeps a Parameter's sizes static
-            args = (specs, local(p).detach(), local(p.grad), plain, parts, seeds, values, layout_, static)
+            args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static)
             if compiled and p.numel() >= 2:
                 if self._compiled is None:
                     self._compiled = CompiledCodedStep(self.transform)

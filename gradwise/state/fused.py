@@ -3,8 +3,9 @@
 Eagerly, the function runs as written (one parameter at a time, so the float copies of the state
 exist for one parameter only). Compiled, ``torch.compile`` turns it into one graph per chain, codec
 layout and parameter rank: dequantization, the update and quantization fuse, and the float state is
-never written to memory. Every size is marked dynamic from the first call (the rank-1 codec needs
-the parameter's rows and columns), so parameters of other shapes reuse the graph.
+never written to memory. Shapes are static (one graph per parameter shape): with dynamic sizes,
+inductor indexes the block and rank-1 views modulo symbolic lengths and runs those loops one element
+at a time, several times slower than the compiles saved.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class CompiledCodedStep:
         self.transform = transform
         self.compiles = 0
         self.compile_seconds = 0.0
-        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True)
+        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True,
+                                       dynamic=False)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor.compile_fx import compile_fx
@@ -53,23 +55,9 @@ class CompiledCodedStep:
         return compile_fx(gm, example_inputs)
 
     def __call__(self, *args: Any) -> None:
-        for tensor in _tensors(args):
-            for dim in range(tensor.dim()):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
         before, start = self.compiles, time.perf_counter()
         self._compiled(self.transform, *args)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
             logger.info("compiled %r with encoded state in %.2f s", self.transform, seconds)
-
-
-def _tensors(args: Any):
-    """The tensors of ``coded_step``'s arguments (nested in mappings), whose sizes are marked dynamic
-    from the first call: one graph serves every parameter shape of a rank and codec layout, where
-    automatic dynamic shapes would compile once more per dimension that changes."""
-    for arg in args:
-        if isinstance(arg, Tensor):
-            yield arg
-        elif isinstance(arg, Mapping):
-            yield from _tensors(arg.values())

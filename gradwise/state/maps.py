@@ -55,8 +55,8 @@ class _Decade(NamedTuple):
     a: float
     b: float
     den: float
-    n: int
-    offset: int
+    n: float
+    offset: float
     first: float  # the level for k = 1, as float32
 
 
@@ -96,7 +96,7 @@ class CodeMap:
         self.decades, offset = [], 0
         for a, b, den, n in runs:
             first = (torch.tensor(a + b) / torch.tensor(den)).item()
-            self.decades.append(_Decade(a, b, den, n, offset, first))
+            self.decades.append(_Decade(a, b, den, float(n), float(offset), first))
             offset += n
 
     def table(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -109,28 +109,30 @@ class CodeMap:
         """The float32 value of each code (NaN for the NaN code). ``computed``: use the closed forms
         (default: while compiling)."""
         if not _computed(computed):
-            return self.table(codes.device)[0][codes]
-        level = codes - self.zero
+            return self.table(codes.device)[0][codes.long()]
+        level = codes.to(torch.float32) - self.zero
         magnitude = level.abs() if self.signed else level
         a, b, den, offset = self._pick([magnitude > d.offset for d in self.decades], "a", "b", "den", "offset")
-        v = (a + b * (magnitude - offset).to(torch.float32)) / den
+        v = (a + b * (magnitude - offset)) / den
         v = torch.where(magnitude == 0, 0.0, v)
         if self.signed:
             v = torch.where(level < 0, -v, v)
         return torch.where(codes == self.nan_code, float("nan"), v)
 
     def nearest(self, x: Tensor, computed: bool | None = None) -> Tensor:
-        """Codes of the nearest values to ``x`` (float32, finite, within the map's range), int64."""
+        """Codes of the nearest values to ``x`` (float32, finite, within the map's range): int64 from
+        the table, int32 from the closed forms, which keep levels as exact float32 integers (no int64
+        vector arithmetic, which the CPU backend runs at half width or element by element)."""
         if not _computed(computed):
             return torch.bucketize(x, self.table(x.device)[2])
         y = x.abs() if self.signed else x
         level, low, high = self._bracket(y)
         middle = (high + low) / 2
         if not self.signed:
-            return (self.zero + level + (y > middle)).clamp(min=0)
+            return (self.zero + level + (y > middle)).clamp(min=0).to(torch.int32)
         negative = x < 0
         level = level + torch.where(negative, y >= middle, y > middle)
-        return torch.where(negative, self.zero - level, self.zero + level)
+        return torch.where(negative, self.zero - level, self.zero + level).to(torch.int32)
 
     def stochastic(self, x: Tensor, uniform: Tensor, computed: bool | None = None) -> Tensor:
         """The code just below or just above each ``x``, the upper one where ``uniform`` (in [0, 1))
@@ -153,7 +155,7 @@ class CodeMap:
             below = torch.where(negative, self.zero - level - 1, below)
         fraction = ((x - low) / (high - low)).clamp(0, 1)
         codes = below + (uniform < fraction)
-        return torch.where(negative & on_level, self.zero - level, codes) if self.signed else codes
+        return (torch.where(negative & on_level, self.zero - level, codes) if self.signed else codes).to(torch.int32)
 
     def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(level, low, high) for ``y`` >= 0: the index of the largest magnitude level <= y (0: the
@@ -168,7 +170,7 @@ class CodeMap:
         high = torch.where(k < n, (a + b * (k + 1)) / den, upper)
         first = self.decades[0].first
         below = y < first
-        level = torch.where(below, 0, offset + k.to(torch.int64))
+        level = torch.where(below, 0.0, offset + k)
         return level, torch.where(below, 0.0, low), torch.where(below, first, high)
 
     def _pick(self, takes: list[Tensor], *fields: str) -> list:

@@ -28,10 +28,12 @@ def finite_absmax(x: Tensor, dim: int) -> Tensor:
     return torch.where(torch.isfinite(x), x.abs(), 0.0).amax(dim, keepdim=True)
 
 
-def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None = None) -> Tensor:
-    """Index of the map value nearest to ``x / scale`` (int64, shaped like ``x``); with ``seed``, one
+def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None = None,
+             start: int = 0) -> Tensor:
+    """Index of the map value nearest to ``x / scale`` (integers, shaped like ``x``); with ``seed``, one
     of the two values around it, rounded stochastically (unbiased: small increments accumulate on
-    average instead of being rounded away step after step).
+    average instead of being rounded away step after step); ``start``: the flat index of ``x``'s first
+    element, which the random bits depend on.
 
     For non-negative buffers, a positive value nearer zero than the smallest positive code rounds up
     to that code: a second moment is never stored as zero while its first moment is not, which would
@@ -41,35 +43,50 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     if seed is None:
         codes = code_map.nearest(normalized)
     else:
-        index = torch.arange(normalized.numel(), device=normalized.device, dtype=torch.int32).view(normalized.shape)
+        index = torch.arange(start, start + normalized.numel(), device=normalized.device, dtype=torch.int32)
+        index = index.view(normalized.shape)
         codes = code_map.stochastic(normalized, unsigned(hash32(index, seed)).to(torch.float32) / 2**32)
     if not signed and code_map.zero == 0:
         codes = torch.where((codes == 0) & (normalized > 0), 1, codes)
     return torch.where(finite, codes, code_map.nan_code)
 
 
-def to_blocks(flat: Tensor, block: int) -> Tensor:
-    """A flat tensor zero-padded to whole blocks, as a (blocks, block) matrix."""
-    return F.pad(flat, (0, (-flat.numel()) % block)).view(-1, block)
+def split_blocks(flat: Tensor, block: int) -> tuple[Tensor, Tensor | None]:
+    """The whole blocks of a flat tensor as a (blocks, block) matrix, and the remainder zero-padded
+    to one more block (``None`` when there is none): the whole blocks stay a view, where padding the
+    whole tensor would copy it eagerly and index it modulo its padded length when compiled."""
+    whole = flat.numel() // block * block
+    if whole == flat.numel():
+        return flat.view(-1, block), None
+    rest = flat[whole:]
+    return flat[:whole].view(-1, block), F.pad(rest, (0, block - rest.numel())).view(1, block)
 
 
 def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool,
                   seed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(codes: flat int64 of ``x.numel()``, absmax: one float32 per block) of ``x``."""
-    blocks = to_blocks(x.reshape(-1).float(), block)
-    absmax = finite_absmax(blocks, 1)
-    codes = to_codes(blocks, absmax, code_map, signed, seed)
-    return codes.view(-1)[: x.numel()], absmax.view(-1)
+    """(codes: flat integers, ``x.numel()`` of them, absmax: one float32 per block) of ``x``."""
+    numel = x.numel()
+    head, tail = split_blocks(x.reshape(-1).float(), block)
+    absmax = finite_absmax(head, 1)
+    codes = to_codes(head, absmax, code_map, signed, seed).view(-1)
+    if tail is None:
+        return codes, absmax.view(-1)
+    tail_absmax = finite_absmax(tail, 1)
+    tail_codes = to_codes(tail, tail_absmax, code_map, signed, seed, start=head.numel()).view(-1)
+    return torch.cat([codes, tail_codes[: numel - head.numel()]]), torch.cat([absmax, tail_absmax]).view(-1)
 
 
 def decode_blocks(codes: Tensor, absmax: Tensor, block: int, code_map: CodeMap, shape: torch.Size) -> Tensor:
-    values = to_blocks(code_map.value(codes[: shape.numel()].long()), block) * absmax.view(-1, 1)
-    return values.view(-1)[: shape.numel()].view(shape)
+    head, tail = split_blocks(code_map.value(codes[: shape.numel()]), block)
+    values = (head * absmax[: head.shape[0]].view(-1, 1)).view(-1)
+    if tail is not None:
+        values = torch.cat([values, (tail * absmax[-1]).view(-1)[: shape.numel() - values.numel()]])
+    return values.view(shape)
 
 
 def encode_rank1(x: Tensor, code_map: CodeMap, signed: bool,
                  seed: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(codes: flat int64, row maxima, column maxima) of ``x`` read as a ``shape[0]``-row matrix."""
+    """(codes: flat integers, row maxima, column maxima) of ``x`` read as a ``shape[0]``-row matrix."""
     matrix = x.reshape(x.shape[0], -1).float()
     row_max, col_max = finite_absmax(matrix, 1), finite_absmax(matrix, 0)
     codes = to_codes(matrix, torch.minimum(row_max, col_max), code_map, signed, seed)
@@ -78,7 +95,7 @@ def encode_rank1(x: Tensor, code_map: CodeMap, signed: bool,
 
 def decode_rank1(codes: Tensor, row_max: Tensor, col_max: Tensor, code_map: CodeMap, shape: torch.Size) -> Tensor:
     scale = torch.minimum(row_max.view(-1, 1), col_max.view(1, -1))
-    return (code_map.value(codes[: shape.numel()].long()).view(shape[0], -1) * scale).view(shape)
+    return (code_map.value(codes[: shape.numel()]).view(shape[0], -1) * scale).view(shape)
 
 
 def pack4(codes: Tensor) -> Tensor:
@@ -89,5 +106,5 @@ def pack4(codes: Tensor) -> Tensor:
 
 
 def unpack4(packed: Tensor) -> Tensor:
-    wide = packed.long()
+    wide = packed.to(torch.int32)
     return torch.stack([wide & 0xF, wide >> 4], dim=1).view(-1)
