@@ -19,21 +19,29 @@ _MASK32 = 0xFFFFFFFF
 
 
 def hash32(index: Tensor, seed: Tensor) -> Tensor:
-    """A 32-bit integer hash of ``index ^ seed`` (int64 in, values in [0, 2^32) out): two rounds of
-    xor-shift-multiply, the multiplications kept below 2^63 so int64 arithmetic never overflows."""
-    h = (index ^ seed) & _MASK32
-    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
-    h = (((h >> 16) ^ h) * 0x45D9F3B) & _MASK32
-    return (h >> 16) ^ h
+    """A 32-bit integer hash of ``index ^ seed``: two rounds of xor-shift-multiply, computed in int32
+    (wrapping multiplication, shifts masked to logical ones), so the compiled CPU loop runs it in
+    full-width integer vectors. Returns the hash's bit pattern as int32; ``& 0xFFFF`` of it, or
+    ``unsigned(h)``, read it as the unsigned 32-bit value."""
+    h = index.to(torch.int32) ^ seed.to(torch.int32)
+    h = (((h >> 16) & 0xFFFF) ^ h) * 0x45D9F3B
+    h = (((h >> 16) & 0xFFFF) ^ h) * 0x45D9F3B
+    return ((h >> 16) & 0xFFFF) ^ h
+
+
+def unsigned(h: Tensor) -> Tensor:
+    """An int32 bit pattern as the unsigned value it stands for (int64)."""
+    return h.to(torch.int64) & _MASK32
 
 
 def round_to_bf16_stochastically(x: Tensor, seed: Tensor) -> Tensor:
     """``x`` (float32) rounded to bfloat16, up or down with probabilities that make it unbiased.
-    NaN and inf pass through unchanged."""
-    bits = x.contiguous().view(torch.int32).to(torch.int64)
-    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape)
+    NaN and inf pass through unchanged. (Adding at most 0xFFFF to the bits of a finite float32 never
+    overflows int32: a carry only moves the value up to the next bfloat16.)"""
+    bits = x.contiguous().view(torch.int32)
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int32).view(x.shape)
     noise = hash32(index, seed) & 0xFFFF
-    rounded = ((bits + noise) & ~0xFFFF).to(torch.int32).view(torch.float32)
+    rounded = ((bits + noise) & ~0xFFFF).view(torch.float32)
     return torch.where(torch.isfinite(x) & torch.isfinite(rounded), rounded, x).to(torch.bfloat16)
 
 

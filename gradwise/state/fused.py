@@ -3,8 +3,9 @@
 Eagerly, the function runs as written (one parameter at a time, so the float copies of the state
 exist for one parameter only). Compiled, ``torch.compile`` turns it into one graph per chain, codec
 layout and parameter rank: dequantization, the update and quantization fuse, and the float state is
-never written to memory. Shapes are dynamic after the first recompile (``dynamic=None``), as the
-rank-1 codec needs the parameter's rows and columns.
+never written to memory. Shapes are static (one graph per parameter shape): with dynamic sizes,
+inductor indexes the block and rank-1 views modulo symbolic lengths and runs those loops one element
+at a time, several times slower than the compiles saved.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class CompiledCodedStep:
         self.transform = transform
         self.compiles = 0
         self.compile_seconds = 0.0
-        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True)
+        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True,
+                                       dynamic=False)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor.compile_fx import compile_fx

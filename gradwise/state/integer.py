@@ -29,8 +29,9 @@ import torch
 from torch import Tensor
 
 from gradwise.state.codec import Codec, check_block_size, n_blocks
+from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
-    decode_blocks, decode_rank1, encode_blocks, encode_rank1, pack4, table, unpack4,
+    decode_blocks, decode_rank1, encode_blocks, encode_rank1, pack4, unpack4,
 )
 
 _NORMALIZATIONS = ("default", "block", "rank1")
@@ -55,6 +56,9 @@ class Quantized(Codec):
         if normalization not in _NORMALIZATIONS:
             raise ValueError(f"invalid normalization={normalization!r}: expected one of {_NORMALIZATIONS}")
         self.normalization = normalization
+        #: the code map of signed and of non-negative buffers, built here (not while compiling a step)
+        self.maps = {signed: code_map(layout[1], self.bits, signed)
+                     for signed, layout in ((True, self.signed_layout), (False, self.unsigned_layout))}
 
     @property
     def tag(self) -> str:
@@ -81,25 +85,25 @@ class Quantized(Codec):
         return parts
 
     def encode(self, x, parts, signed, seed):
-        rank1, kind, stochastic = self.layout(x.shape, signed)
-        code_map, bounds = table(kind, self.bits, signed, x.device)
+        rank1, _, stochastic = self.layout(x.shape, signed)
+        values = self.maps[signed]
         seed = seed if stochastic else None
         if rank1:
-            codes, row_max, col_max = encode_rank1(x, code_map, bounds, signed, seed)
+            codes, row_max, col_max = encode_rank1(x, values, signed, seed)
             parts["row_max"].copy_(row_max)
             parts["col_max"].copy_(col_max)
         else:
-            codes, absmax = encode_blocks(x, self.block_size, code_map, bounds, signed, seed)
+            codes, absmax = encode_blocks(x, self.block_size, values, signed, seed)
             parts["absmax"].copy_(absmax)
         parts["codes"].copy_(codes if self.bits == 8 else pack4(codes))
 
     def decode(self, parts, shape, signed, dtype) -> Tensor:
-        rank1, kind, _ = self.layout(shape, signed)
+        rank1 = self.layout(shape, signed)[0]
         codes = parts["codes"] if self.bits == 8 else unpack4(parts["codes"])
-        code_map, _ = table(kind, self.bits, signed, codes.device)
+        values = self.maps[signed]
         if rank1:
-            return decode_rank1(codes, parts["row_max"], parts["col_max"], code_map, shape).to(dtype)
-        return decode_blocks(codes, parts["absmax"], self.block_size, code_map, shape).to(dtype)
+            return decode_rank1(codes, parts["row_max"], parts["col_max"], values, shape).to(dtype)
+        return decode_blocks(codes, parts["absmax"], self.block_size, values, shape).to(dtype)
 
 
 class Int8(Quantized):

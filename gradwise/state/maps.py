@@ -6,6 +6,9 @@ wiping out every other value of the block.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -47,7 +50,148 @@ def linear_map(bits: int) -> Tensor:
     return torch.cat([values.to(torch.float32), torch.full((1,), float("nan"))])
 
 
-def midpoints(code_map: Tensor) -> Tensor:
-    """Boundaries between consecutive finite values: ``bucketize`` against them rounds to nearest."""
-    finite = code_map[:-1]
-    return (finite[1:] + finite[:-1]) / 2
+class _Decade(NamedTuple):
+    """Levels ``(a + b k) / den`` for k = 1 .. n, the ``offset + k``-th magnitude levels of a map."""
+    a: float
+    b: float
+    den: float
+    n: float
+    offset: float
+    first: float  # the level for k = 1, as float32
+
+
+class CodeMap:
+    """A code map read as closed forms, so that rounding to it and decoding it are arithmetic that
+    ``torch.compile`` vectorizes (table lookups are gathers the CPU backend runs one element at a time).
+
+    Both maps are runs of evenly spaced levels: the dynamic map's decade ``e`` holds
+    ``(n + 9k) / (n 10^(e+1))`` for k = 1 .. n = 2^(magnitude bits - 1 - e), the linear map
+    ``k / (2^bits - 1)``. Numerator and denominator are exact in float32, so one division gives each
+    level correctly rounded: the very float32 values of ``dynamic_map`` and ``linear_map``. A value is
+    placed between two levels by comparisons against each run's first level, one multiply-and-floor
+    inside the run, and a check against the two levels computed exactly; the codes are then those of
+    rounding against the table of midpoints (ties toward the lower code, as ``torch.bucketize``).
+
+    Eagerly, the table is faster (one ``bucketize`` or one gather per tensor, where the closed forms
+    take a dozen whole-tensor operations), so the methods use it unless ``torch.compile`` is tracing
+    them; tests check that both give the same codes and values.
+    """
+
+    def __init__(self, kind: str, bits: int, signed: bool):
+        self.kind, self.bits, self.signed = kind, bits, signed
+        values = dynamic_map(bits, signed) if kind == "dynamic" else linear_map(bits)
+        finite = values[:-1]
+        self.values, self.nan_code = finite.tolist(), 2**bits - 1
+        self._tables = {values.device: (values, finite, (finite[1:] + finite[:-1]) / 2)}
+        if kind == "dynamic":
+            magnitude_bits = bits - 1 if signed else bits
+            runs = [(float(n), 9.0, float(n * 10 ** (e + 1)), n)
+                    for e in reversed(range(bits - 1)) for n in [2 ** (magnitude_bits - 1 - e)]]
+            #: the code of magnitude level 0 (the value zero)
+            self.zero = 2 ** (bits - 1) - 1 if signed else 0
+        else:
+            levels = 2**bits - 1
+            runs = [(0.0, 1.0, float(levels), levels)]
+            self.zero = -1  # the linear map has no zero: level 0 stands below its first code
+        self.decades, offset = [], 0
+        for a, b, den, n in runs:
+            first = (torch.tensor(a + b) / torch.tensor(den)).item()
+            self.decades.append(_Decade(a, b, den, float(n), float(offset), first))
+            offset += n
+
+    def table(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """(every value, NaN last; the finite values; the midpoints between them) on ``device``."""
+        if device not in self._tables:
+            self._tables[device] = tuple(t.to(device) for t in self._tables[torch.device("cpu")])
+        return self._tables[device]
+
+    def value(self, codes: Tensor, computed: bool | None = None) -> Tensor:
+        """The float32 value of each code (NaN for the NaN code). ``computed``: use the closed forms
+        (default: while compiling)."""
+        if not _computed(computed):
+            return self.table(codes.device)[0][codes.long()]
+        level = codes.to(torch.float32) - self.zero
+        magnitude = level.abs() if self.signed else level
+        a, b, den, offset = self._pick([magnitude > d.offset for d in self.decades], "a", "b", "den", "offset")
+        v = (a + b * (magnitude - offset)) / den
+        v = torch.where(magnitude == 0, 0.0, v)
+        if self.signed:
+            v = torch.where(level < 0, -v, v)
+        return torch.where(codes == self.nan_code, float("nan"), v)
+
+    def nearest(self, x: Tensor, computed: bool | None = None) -> Tensor:
+        """Codes of the nearest values to ``x`` (float32, finite, within the map's range): int64 from
+        the table, int32 from the closed forms, which keep levels as exact float32 integers (no int64
+        vector arithmetic, which the CPU backend runs at half width or element by element)."""
+        if not _computed(computed):
+            return torch.bucketize(x, self.table(x.device)[2])
+        y = x.abs() if self.signed else x
+        level, low, high = self._bracket(y)
+        middle = (high + low) / 2
+        if not self.signed:
+            return (self.zero + level + (y > middle)).clamp(min=0).to(torch.int32)
+        negative = x < 0
+        level = level + torch.where(negative, y >= middle, y > middle)
+        return torch.where(negative, self.zero - level, self.zero + level).to(torch.int32)
+
+    def stochastic(self, x: Tensor, uniform: Tensor, computed: bool | None = None) -> Tensor:
+        """The code just below or just above each ``x``, the upper one where ``uniform`` (in [0, 1))
+        is below the value's fraction of the way between them."""
+        if not _computed(computed):
+            finite = self.table(x.device)[1]
+            below = (torch.bucketize(x, finite, right=True) - 1).clamp(0, finite.numel() - 2)
+            low, high = finite[below], finite[below + 1]
+            return below + (uniform < ((x - low) / (high - low)).clamp(0, 1))
+        y = x.abs() if self.signed else x
+        level, low, high = self._bracket(y)
+        on_level = y == low
+        below, last = self.zero + level, len(self.values) - 2
+        low = torch.where(below < 0, self.values[0], torch.where(below > last, self.values[last], low))
+        high = torch.where(below < 0, self.values[1], torch.where(below > last, self.values[last + 1], high))
+        below = below.clamp(0, last)
+        if self.signed:  # below a negative value: the next level of larger magnitude, unless on a level
+            negative = x < 0
+            low, high = torch.where(negative, -high, low), torch.where(negative, -low, high)
+            below = torch.where(negative, self.zero - level - 1, below)
+        fraction = ((x - low) / (high - low)).clamp(0, 1)
+        codes = below + (uniform < fraction)
+        return (torch.where(negative & on_level, self.zero - level, codes) if self.signed else codes).to(torch.int32)
+
+    def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(level, low, high) for ``y`` >= 0: the index of the largest magnitude level <= y (0: the
+        value zero), that level's value and the next one's (inf past the largest)."""
+        a, b, den, n, offset, upper = self._pick([y >= d.first for d in self.decades], "a", "b", "den", "n",
+                                                 "offset", "upper")
+        k = ((y * den - a) / b).floor().clamp(min=1)
+        k = torch.minimum(k, n) if isinstance(n, Tensor) else k.clamp(max=n)
+        k = torch.where((a + b * k) / den > y, k - 1, k).clamp(min=1)
+        k = torch.where((k < n) & ((a + b * (k + 1)) / den <= y), k + 1, k)
+        low = (a + b * k) / den
+        high = torch.where(k < n, (a + b * (k + 1)) / den, upper)
+        first = self.decades[0].first
+        below = y < first
+        level = torch.where(below, 0.0, offset + k)
+        return level, torch.where(below, 0.0, low), torch.where(below, first, high)
+
+    def _pick(self, takes: list[Tensor], *fields: str) -> list:
+        """Each field of the decade selected per element: the last decade whose ``take`` holds (the
+        first decade where none does). ``upper``: the next decade's first level, inf for the last."""
+        uppers = [d.first for d in self.decades[1:]] + [float("inf")]
+        picked = []
+        for field in fields:
+            values = uppers if field == "upper" else [getattr(d, field) for d in self.decades]
+            out = values[0]
+            for take, value in zip(takes[1:], values[1:]):
+                out = torch.where(take, value, out)
+            picked.append(out)
+        return picked
+
+
+def _computed(computed: bool | None) -> bool:
+    return torch.compiler.is_compiling() if computed is None else computed
+
+
+@lru_cache(maxsize=None)
+def code_map(kind: str, bits: int, signed: bool) -> CodeMap:
+    """The ``CodeMap`` of a map kind ("dynamic" or "linear"), built once."""
+    return CodeMap(kind, bits, signed)

@@ -19,35 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gradwise.state.bf16 import hash32
-from gradwise.state.maps import dynamic_map, linear_map, midpoints
-
-_TABLES: dict[tuple, tuple[Tensor, Tensor]] = {}
-
-
-def table(kind: str, bits: int, signed: bool, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(code map, rounding boundaries padded with +inf to 2^bits - 1 entries) on ``device``, built
-    once. ``kind``: "dynamic" or "linear"."""
-    key = (kind, bits, signed, device)
-    if key not in _TABLES:
-        values = dynamic_map(bits, signed) if kind == "dynamic" else linear_map(bits)
-        bounds = midpoints(values)
-        bounds = torch.cat([bounds, bounds.new_full((2**bits - 1 - bounds.numel(),), float("inf"))])
-        _TABLES[key] = (values.to(device), bounds.to(device))
-    return _TABLES[key]
-
-
-def count_below(x: Tensor, sorted_table: Tensor, inclusive: bool = False) -> Tensor:
-    """How many entries of ``sorted_table`` (2^k - 1 of them) are < ``x`` (<= with ``inclusive``):
-    ``torch.bucketize`` as a branchless binary search of k table lookups and comparisons, which
-    ``torch.compile`` fuses into the surrounding elementwise loop (a bucketize call it does not)."""
-    position = torch.zeros(x.shape, dtype=torch.int64, device=x.device)
-    step = (sorted_table.numel() + 1) // 2
-    while step >= 1:
-        probe = sorted_table[position + (step - 1)]
-        position = torch.where(probe <= x if inclusive else probe < x, position + step, position)
-        step //= 2
-    return position
+from gradwise.state.bf16 import hash32, unsigned
+from gradwise.state.maps import CodeMap
 
 
 def finite_absmax(x: Tensor, dim: int) -> Tensor:
@@ -55,9 +28,12 @@ def finite_absmax(x: Tensor, dim: int) -> Tensor:
     return torch.where(torch.isfinite(x), x.abs(), 0.0).amax(dim, keepdim=True)
 
 
-def to_codes(x: Tensor, scale: Tensor, code_map: Tensor, bounds: Tensor, signed: bool,
-             seed: Tensor | None = None) -> Tensor:
-    """Index of the map value nearest to ``x / scale`` (int64, shaped like ``x``).
+def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None = None,
+             start: int = 0) -> Tensor:
+    """Index of the map value nearest to ``x / scale`` (integers, shaped like ``x``); with ``seed``, one
+    of the two values around it, rounded stochastically (unbiased: small increments accumulate on
+    average instead of being rounded away step after step); ``start``: the flat index of ``x``'s first
+    element, which the random bits depend on.
 
     For non-negative buffers, a positive value nearer zero than the smallest positive code rounds up
     to that code: a second moment is never stored as zero while its first moment is not, which would
@@ -65,58 +41,61 @@ def to_codes(x: Tensor, scale: Tensor, code_map: Tensor, bounds: Tensor, signed:
     finite = torch.isfinite(x)
     normalized = torch.where(finite, x / torch.where(scale > 0, scale, 1.0), 0.0).clamp(-1 if signed else 0, 1)
     if seed is None:
-        codes = count_below(normalized, bounds)
+        codes = code_map.nearest(normalized)
     else:
-        codes = stochastic_codes(normalized, code_map, seed)
-    if not signed:
-        codes = torch.where((codes == 0) & (normalized > 0) & (code_map[0] == 0), 1, codes)
-    return torch.where(finite, codes, code_map.numel() - 1)
+        index = torch.arange(start, start + normalized.numel(), device=normalized.device, dtype=torch.int32)
+        index = index.view(normalized.shape)
+        codes = code_map.stochastic(normalized, unsigned(hash32(index, seed)).to(torch.float32) / 2**32)
+    if not signed and code_map.zero == 0:
+        codes = torch.where((codes == 0) & (normalized > 0), 1, codes)
+    return torch.where(finite, codes, code_map.nan_code)
 
 
-def stochastic_codes(normalized: Tensor, code_map: Tensor, seed: Tensor) -> Tensor:
-    """The code just below or just above each value, the upper one with probability equal to the
-    value's fraction of the way between them: unbiased, so small increments accumulate on average
-    instead of being rounded away step after step."""
-    finite_map = code_map[:-1]
-    below = (count_below(normalized, finite_map, inclusive=True) - 1).clamp(0, finite_map.numel() - 2)
-    low, high = finite_map[below], finite_map[below + 1]
-    fraction = ((normalized - low) / (high - low)).clamp(0, 1)
-    index = torch.arange(normalized.numel(), device=normalized.device, dtype=torch.int64).view(normalized.shape)
-    uniform = hash32(index, seed).to(torch.float32) / 2**32
-    return below + (uniform < fraction).to(torch.int64)
+def split_blocks(flat: Tensor, block: int) -> tuple[Tensor, Tensor | None]:
+    """The whole blocks of a flat tensor as a (blocks, block) matrix, and the remainder zero-padded
+    to one more block (``None`` when there is none): the whole blocks stay a view, where padding the
+    whole tensor would copy it eagerly and index it modulo its padded length when compiled."""
+    whole = flat.numel() // block * block
+    if whole == flat.numel():
+        return flat.view(-1, block), None
+    rest = flat[whole:]
+    return flat[:whole].view(-1, block), F.pad(rest, (0, block - rest.numel())).view(1, block)
 
 
-def to_blocks(flat: Tensor, block: int) -> Tensor:
-    """A flat tensor zero-padded to whole blocks, as a (blocks, block) matrix."""
-    return F.pad(flat, (0, (-flat.numel()) % block)).view(-1, block)
-
-
-def encode_blocks(x: Tensor, block: int, code_map: Tensor, bounds: Tensor, signed: bool,
+def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool,
                   seed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(codes: flat int64 of ``x.numel()``, absmax: one float32 per block) of ``x``."""
-    blocks = to_blocks(x.reshape(-1).float(), block)
-    absmax = finite_absmax(blocks, 1)
-    codes = to_codes(blocks, absmax, code_map, bounds, signed, seed)
-    return codes.view(-1)[: x.numel()], absmax.view(-1)
+    """(codes: flat integers, ``x.numel()`` of them, absmax: one float32 per block) of ``x``."""
+    numel = x.numel()
+    head, tail = split_blocks(x.reshape(-1).float(), block)
+    absmax = finite_absmax(head, 1)
+    codes = to_codes(head, absmax, code_map, signed, seed).view(-1)
+    if tail is None:
+        return codes, absmax.view(-1)
+    tail_absmax = finite_absmax(tail, 1)
+    tail_codes = to_codes(tail, tail_absmax, code_map, signed, seed, start=head.numel()).view(-1)
+    return torch.cat([codes, tail_codes[: numel - head.numel()]]), torch.cat([absmax, tail_absmax]).view(-1)
 
 
-def decode_blocks(codes: Tensor, absmax: Tensor, block: int, code_map: Tensor, shape: torch.Size) -> Tensor:
-    values = to_blocks(code_map[codes[: shape.numel()].long()], block) * absmax.view(-1, 1)
-    return values.view(-1)[: shape.numel()].view(shape)
+def decode_blocks(codes: Tensor, absmax: Tensor, block: int, code_map: CodeMap, shape: torch.Size) -> Tensor:
+    head, tail = split_blocks(code_map.value(codes[: shape.numel()]), block)
+    values = (head * absmax[: head.shape[0]].view(-1, 1)).view(-1)
+    if tail is not None:
+        values = torch.cat([values, (tail * absmax[-1]).view(-1)[: shape.numel() - values.numel()]])
+    return values.view(shape)
 
 
-def encode_rank1(x: Tensor, code_map: Tensor, bounds: Tensor, signed: bool,
+def encode_rank1(x: Tensor, code_map: CodeMap, signed: bool,
                  seed: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(codes: flat int64, row maxima, column maxima) of ``x`` read as a ``shape[0]``-row matrix."""
+    """(codes: flat integers, row maxima, column maxima) of ``x`` read as a ``shape[0]``-row matrix."""
     matrix = x.reshape(x.shape[0], -1).float()
     row_max, col_max = finite_absmax(matrix, 1), finite_absmax(matrix, 0)
-    codes = to_codes(matrix, torch.minimum(row_max, col_max), code_map, bounds, signed, seed)
+    codes = to_codes(matrix, torch.minimum(row_max, col_max), code_map, signed, seed)
     return codes.view(-1), row_max.view(-1), col_max.view(-1)
 
 
-def decode_rank1(codes: Tensor, row_max: Tensor, col_max: Tensor, code_map: Tensor, shape: torch.Size) -> Tensor:
+def decode_rank1(codes: Tensor, row_max: Tensor, col_max: Tensor, code_map: CodeMap, shape: torch.Size) -> Tensor:
     scale = torch.minimum(row_max.view(-1, 1), col_max.view(1, -1))
-    return (code_map[codes[: shape.numel()].long()].view(shape[0], -1) * scale).view(shape)
+    return (code_map.value(codes[: shape.numel()]).view(shape[0], -1) * scale).view(shape)
 
 
 def pack4(codes: Tensor) -> Tensor:
@@ -127,5 +106,5 @@ def pack4(codes: Tensor) -> Tensor:
 
 
 def unpack4(packed: Tensor) -> Tensor:
-    wide = packed.long()
+    wide = packed.to(torch.int32)
     return torch.stack([wide & 0xF, wide >> 4], dim=1).view(-1)
