@@ -158,7 +158,6 @@ def refusal(optimizer: torch.optim.Optimizer, transform: Transform) -> str | Non
     """Why ``optimizer`` cannot keep encoded state, or None when it can. Encoded state runs each
     parameter's step alone (decode, update, encode) from ``p.grad`` and the chain's own state."""
     from gradwise.core.optimizer import Optimizer
-
     from gradwise.transforms.route import route
 
     if any(isinstance(t, route) for _, t in transform.links()):
