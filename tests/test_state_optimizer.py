@@ -1,8 +1,8 @@
 """Encoded state inside the optimizer: every recipe, the policy, checkpoints, non-finite values."""
 from __future__ import annotations
 
+import copy
 import inspect
-
 import io
 import warnings
 
@@ -11,7 +11,7 @@ import torch
 
 import gradwise
 from gradwise.state import StatePolicy
-from tests.registry import CASES
+from tests.registry import CASES, RECIPES, build
 
 CODECS = ["bf16", "int8", "int4"]
 #: how far from the float32 trajectory a codec may drift in 15 steps, relative to how far it moved.
@@ -19,8 +19,34 @@ DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6}
 
 
 def takes_state(recipe) -> bool:
-    """Recipes that offer ``state=`` (SGD, Adam, AdamW, NAdamW, Lion so far)."""
+    """Recipes that offer ``state=``: every one whose step runs one parameter at a time."""
     return "state" in inspect.signature(recipe.__init__).parameters
+
+
+#: one case per recipe that offers state= (its last registry case: SGD with Nesterov momentum)
+STATE_CASES = list({c.recipe: c for c in CASES if c.trains and takes_state(c.recipe)}.values())
+#: recipes that cannot keep encoded state (ScheduleFreeSGD: its only buffer is a copy of the weights):
+#: their signatures leave state= out, and it raises
+REFUSING = [gradwise.ScheduleFreeSGD, gradwise.Muon, gradwise.Shampoo, gradwise.SOAP, gradwise.GaLoreAdamW,
+            gradwise.APOLLO, gradwise.APOLLOMini, gradwise.Ranger21]
+
+
+#: compiled against eager below: the chains that are not AdamW's elementwise kind (SGD, Adam, NAdamW and
+#: Lion compile as AdamW does, tested with every codec above; LOMO keeps no state)
+COMPILED_NEW = (gradwise.ScheduleFreeAdamW, gradwise.Adafactor, gradwise.CAME, gradwise.AdamMini, gradwise.AdaLomo)
+
+
+def make(case, params, **kwargs):
+    """The case's optimizer, eager, LOMO and AdaLomo stepping in step() (several optimizers share
+    the parameters here, and only one may update them inside backward)."""
+    return build(case.recipe, params, compile=False, **case.kwargs, **kwargs)
+
+
+def param_shaped(opt, p):
+    """The names of ``p``'s float32 state buffers shaped like ``p`` that a codec may store (all but
+    copies of the weights, as Schedule-Free's z)."""
+    return [k for k, v in opt.state[p].items()
+            if k != "step" and "@" not in k and v.shape == p.shape and k not in opt.transform.weights_like]
 
 
 def model(seed=0):
@@ -38,24 +64,135 @@ def train(opt, net, steps, start=0):
     return [p.detach().clone() for p in net.parameters()]
 
 
+def test_every_recipe_but_the_refusing_ones_offers_state():
+    offered = {c.recipe for c in CASES if takes_state(c.recipe)}
+    assert offered == set(RECIPES) - set(REFUSING)
+
+
 @pytest.mark.parametrize("state", CODECS)
 @pytest.mark.parametrize("case", [c for c in CASES if c.trains and takes_state(c.recipe)], ids=lambda c: c.name)
 def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
     start = [p.detach().clone() for p in model().parameters()]
     net = model()
     net_fp32 = model()
-    fp32 = train(case.ours(list(net_fp32.parameters()), compile=False), net_fp32, 15)
+    opt_fp32 = case.ours(list(net_fp32.parameters()), compile=False)
+    fp32 = train(opt_fp32, net_fp32, 15)
     opt = case.recipe(list(net.parameters()), compile=False, state=state, **case.kwargs)
     ours = train(opt, net, 15)
     weight, bias = net[0].weight, net[0].bias
-    weight_keys = [k for k in opt.state[weight] if k != "step"]
-    assert weight_keys or case.kwargs.get("momentum", 0) == 0 and case.recipe is gradwise.SGD
     tag = gradwise.state.codec_from(state).tag
-    assert all(f"@{tag}." in k or opt.state[weight][k].dim() == 0 for k in weight_keys)
+    for key in param_shaped(opt_fp32, net_fp32[0].weight):  # each one encoded, nothing else
+        assert any(k.startswith(f"{key}@{tag}.") for k in opt.state[weight]), key
+    assert not param_shaped(opt, weight), "a buffer shaped like the parameter stayed float32"
     assert all("@" not in k for k in opt.state[bias]), "tensors under 4096 elements stay float32"
     for a, b, s in zip(ours, fp32, start):
         moved = (b - s).norm()
         assert (a - b).norm() <= DRIFT[state] * moved + 1e-6, f"{state} drifted from the float32 trajectory"
+
+
+@pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: c.name)
+def test_every_recipe_resumes_bit_identical_with_encoded_state(case):
+    policy = StatePolicy("int8", min_numel=0)
+    net = model()
+    opt = case.recipe(net.named_parameters(), compile=False, state=policy, **case.kwargs)
+    train(opt, net, 3)
+    saved = copy.deepcopy({"model": net.state_dict(), "opt": opt.state_dict()})
+    straight = train(opt, net, 3, start=3)
+    net2 = model(seed=1)
+    net2.load_state_dict(saved["model"])
+    opt2 = case.recipe(net2.named_parameters(), compile=False, state=policy, **case.kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same format: no conversion, no message
+        opt2.load_state_dict(saved["opt"])
+    resumed = train(opt2, net2, 3, start=3)
+    for a, b in zip(straight, resumed):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: c.name)
+def test_every_recipe_converts_checkpoints_between_fp32_and_int8(case):
+    net = model()
+    opt = make(case, net.parameters())
+    train(opt, net, 3)
+    shaped = param_shaped(opt, net[0].weight)
+    opt8 = make(case, net.parameters(), state="int8")
+    back = make(case, net.parameters())
+    if not shaped:  # LOMO; AdaLomo and Adafactor factor matrices: no buffer shaped like a large parameter
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            opt8.load_state_dict(opt.state_dict())
+        assert all("@" not in k for st in opt8.state.values() for k in st)
+        return
+    with pytest.warns(UserWarning, match=rf"converted {len(shaped)} state buffer\(s\).*fp32 -> int8"):
+        opt8.load_state_dict(opt.state_dict())
+    with pytest.warns(UserWarning, match=rf"converted {len(shaped)} state buffer\(s\).*int8-b\d+ -> fp32"):
+        back.load_state_dict(opt8.state_dict())
+    before, after = opt.state[net[0].weight], back.state[net[0].weight]
+    assert set(before) == set(after)
+    for key in shaped:
+        torch.testing.assert_close(after[key], before[key], rtol=0.3, atol=before[key].abs().max().item() * 0.05)
+    for key in set(before) - set(shaped):
+        assert torch.equal(after[key], before[key]), key
+    train(back, net, 2)  # and it trains on
+
+
+def test_lomo_keeps_no_state_so_state_changes_nothing():
+    runs = []
+    for state in (None, "int4"):
+        net = model()
+        opt = gradwise.LOMO(net.parameters(), lr=0.05, weight_decay=0.01, state=state)  # updated in backward
+        runs.append(train(opt, net, 3))
+        assert all(k == "step" for st in opt.state.values() for k in st)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_schedule_free_encodes_v_keeps_z_exact_and_moves_between_y_and_x():
+    net = model()
+    opt = gradwise.ScheduleFreeAdamW(net.parameters(), lr=0.01, state="int8", compile=False)
+    train(opt, net, 4)
+    keys = set(opt.state[net[0].weight])
+    assert "schedule_free.z" in keys and any(k.startswith("rms.exp_avg_sq@int8") for k in keys), keys
+    # the same optimizer in float32, v the decoded int8 one: eval() must land on the same x
+    twin = model(seed=1)
+    twin.load_state_dict(net.state_dict())
+    opt32 = gradwise.ScheduleFreeAdamW(twin.parameters(), lr=0.01, compile=False)
+    with pytest.warns(UserWarning, match=r"converted 1 state buffer\(s\).*int8-b\d+ -> fp32"):
+        opt32.load_state_dict(opt.state_dict())
+    y = [p.detach().clone() for p in net.parameters()]
+    opt.eval()
+    opt32.eval()
+    assert not torch.equal(net[0].weight, y[0]), "eval() did not move the parameters"
+    for a, b in zip(net.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    opt.train()
+    for a, b in zip(net.parameters(), y):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    train(opt, net, 1, start=4)  # and it trains on
+
+
+def test_lookahead_keeps_the_wrapped_optimizers_state_format():
+    net = model()
+    opt = gradwise.Lookahead(gradwise.AdamW(net.parameters(), lr=1e-2, state="int8", compile=False), k=2)
+    train(opt, net, 3)
+    keys = set(opt.state[net[0].weight])
+    assert {"adam.exp_avg@int8-b2048.codes", "lookahead.slow"} <= keys, keys
+    assert not param_shaped(opt, net[0].weight), "the slow weights alone stay float32"
+
+
+@pytest.mark.parametrize("recipe", REFUSING, ids=lambda r: r.__name__)
+def test_recipes_that_cannot_encode_state_say_so(recipe):
+    with pytest.raises(TypeError, match=rf"{recipe.__name__}\(\) does not take state='int8'.*take state=: .*AdamW"):
+        build(recipe, model().parameters(), state="int8")
+
+
+def test_a_routed_or_batched_chain_refuses_state():
+    muon = gradwise.Muon(model().parameters())
+    with pytest.raises(ValueError, match=r"invalid state='int8' for Optimizer: route.*routes parameters"):
+        gradwise.Optimizer(model().parameters(), muon.transform, state="int8")
+    shampoo = gradwise.Shampoo(model().parameters())
+    with pytest.raises(ValueError, match=r"invalid state='bf16' for Optimizer: .*batches same-shaped matrices"):
+        gradwise.Optimizer(model().parameters(), shampoo.transform, state="bf16", lr=1e-3)
 
 
 @pytest.mark.parametrize("state", CODECS)
@@ -184,3 +321,24 @@ def test_compiled_equals_eager_with_encoded_state(state):
             assert (value != compiled_state[key]).float().mean() < 1e-3, key
         else:
             torch.testing.assert_close(value, compiled_state[key], rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in STATE_CASES if c.recipe in COMPILED_NEW], ids=lambda c: c.name)
+def test_every_recipe_compiled_equals_eager_with_int8_state(case):
+    results = []
+    for compile in (False, True):
+        net = model()
+        opt = case.recipe(net.parameters(), compile=compile, state="int8", **case.kwargs)
+        params = train(opt, net, 2)
+        results.append((params, {k: v.clone() for k, v in opt.state[net[0].weight].items()}))
+        if compile:
+            assert opt.compile_stats["compiles"] >= 1
+    (eager, eager_state), (compiled, compiled_state) = results
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for key, value in eager_state.items():
+        if value.dtype == torch.uint8:  # codes: equal but at rounding ties
+            assert (value != compiled_state[key]).float().mean() < 1e-3, key
+        else:
+            torch.testing.assert_close(value, compiled_state[key], rtol=1e-5, atol=1e-7)

@@ -23,7 +23,7 @@ from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
 from gradwise.core.rounding import check_rounding, rounds_stochastically
 from gradwise.core.transform import Transform, chain, state_dtype, uses
-from gradwise.state.engine import EncodedState
+from gradwise.state.engine import EncodedState, refusal
 from gradwise.state.store import has_buffer, seed
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
@@ -57,6 +57,11 @@ class Optimizer(torch.optim.Optimizer):
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             allowed = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][1:]
             unknown = [f"{k}={v!r}" for k, v in kwargs.items() if k not in allowed]
+            if "state" in kwargs and "state" not in allowed and kwargs["state"] is not None:
+                reason = getattr(cls, "state_refusal", "its step does not run one parameter at a time on the"
+                                 " chain's own state, as encoded state needs")
+                raise TypeError(f"{cls.__name__}() does not take state={kwargs['state']!r}: {reason}."
+                                f" Recipes that take state=: {', '.join(takes_state())}")
             if unknown:
                 raise TypeError(f"{cls.__name__}() got unknown keyword argument(s) {', '.join(unknown)};"
                                 f" allowed: {allowed}")
@@ -99,6 +104,11 @@ class Optimizer(torch.optim.Optimizer):
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: dict[Transform, CompiledStep] = {}  # one per chain that runs (one per route)
         self._encoded = EncodedState.from_argument(state, transform)
+        reason = refusal(self, transform) if self._encoded.policy is not None else None
+        if reason:
+            raise ValueError(f"invalid state={state!r} for {type(self).__name__}: {reason}, and encoded state"
+                             " runs one parameter at a time; keep this optimizer's state in float32 (state=None)."
+                             f" Recipes that take state=: {', '.join(takes_state())}")
         super().__init__(params, defaults)
         self._encoded.check(self.param_groups)
         self.register_state_dict_post_hook(_save_counters)
@@ -179,7 +189,7 @@ class Optimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     state = self.state.get(p)
                     if state and "step" in state:
-                        own = {k: local(v) for k, v in state.items() if k != "step"}
+                        own = self._encoded.decoded(state, p)  # set_mode only reads the state
                         view = torch.view_as_real(local(p)) if p.is_complex() else local(p)
                         self.transform.set_mode(target, view, own, group)
         self.mode = target
@@ -393,3 +403,11 @@ def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str
     # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
     optimizer.mode = mode
     return state_dict
+
+
+def takes_state() -> list[str]:
+    """The recipes whose signature offers ``state=`` (for error messages)."""
+    import gradwise.recipes as recipes
+
+    kinds = (getattr(recipes, name) for name in sorted(recipes.__all__))
+    return [k.__name__ for k in kinds if isinstance(k, type) and "state" in inspect.signature(k.__init__).parameters]

@@ -64,6 +64,9 @@ class Transform:
     #: the ``state`` buffers that never hold negative values (second moments): a quantizing codec
     #: spends no code on negatives for them. A fact about the math, not about how buffers are stored.
     nonnegative: tuple[str, ...] = ()
+    #: the ``state`` buffers that are a copy of the weights (Schedule-Free's z): ``state=`` never
+    #: encodes them, as a codec's rounding error in them is an error in the weights themselves.
+    weights_like: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
     elementwise: bool = True
     batched: bool = False
@@ -143,6 +146,7 @@ class Chain(Transform):
         self._names = _unique_names(self.transforms)
         self.state = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.state)
         self.nonnegative = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.nonnegative)
+        self.weights_like = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.weights_like)
         self.elementwise = all(t.elementwise for t in self.transforms)
         self.batched = any(t.batched for t in self.transforms)
         merged: dict[str, Hyper] = {}

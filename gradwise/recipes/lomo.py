@@ -28,11 +28,11 @@ class LOMO(Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, clip_grad_value=None, weight_decay=0.0, *, fused_backward=True,
-                 maximize=False, compile="auto", param_rounding="nearest"):
+                 maximize=False, compile="auto", state=None, param_rounding="nearest"):
         boolean("fused_backward", fused_backward)
         transform = chain(clip_by_value(), add_decayed_weights(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, clip_grad_value=0.0 if clip_grad_value is None else clip_grad_value,
-                         weight_decay=weight_decay, maximize=maximize, compile=compile,
+                         weight_decay=weight_decay, maximize=maximize, compile=compile, state=state,
                          param_rounding=param_rounding)
         self.fused_backward = install_fused_backward(self) if fused_backward else None
 
@@ -55,13 +55,13 @@ class AdaLomo(Optimizer):
 
     def __init__(self, params, lr=1e-3, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
                  clip_grad_value=None, weight_decay=0.0, *, fused_backward=True, maximize=False, compile="auto",
-                 param_rounding="nearest"):
+                 state=None, param_rounding="nearest"):
         boolean("fused_backward", fused_backward)
         transform = chain(clip_by_value(), scale_by_adalomo(),
                           clip_by_block_rms("clip_threshold", Hyper(1.0, positive)), add_decayed_weights(),
                           scale_by_param_block_rms(EPS), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate,
                          clip_grad_value=0.0 if clip_grad_value is None else clip_grad_value,
-                         weight_decay=weight_decay, maximize=maximize, compile=compile,
+                         weight_decay=weight_decay, maximize=maximize, compile=compile, state=state,
                          param_rounding=param_rounding)
         self.fused_backward = install_fused_backward(self) if fused_backward else None

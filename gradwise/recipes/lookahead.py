@@ -19,5 +19,6 @@ def Lookahead(optimizer: Optimizer, k: int = 5, alpha: float = 0.5) -> Optimizer
         raise ValueError("Lookahead(optimizer): the optimizer has already stepped; wrap it before its first step")
     groups = [{k_: v for k_, v in g.items()} for g in optimizer.param_groups]
     transform = chain(optimizer.transform, lookahead())
-    return Optimizer(groups, transform, compile=optimizer.compile, lookahead_k=k, lookahead_alpha=alpha,
+    return Optimizer(groups, transform, compile=optimizer.compile, state=optimizer._encoded.policy, lookahead_k=k,
+                     lookahead_alpha=alpha,
                      **optimizer.defaults)

@@ -28,6 +28,8 @@ class Muon(Optimizer):
     Others: AdamW with ``adamw_lr`` and ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
     """
 
+    state_refusal = "it routes matrices and other parameters to two chains (route()), which encoded state does not run"
+
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=MUON_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
                  adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0,

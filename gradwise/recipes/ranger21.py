@@ -49,6 +49,9 @@ class Ranger21(Optimizer):
     other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear".
     """
 
+    state_refusal = ("its step() shapes every gradient and reads its moments by name before the chain runs,"
+                     " while encoded state decodes each parameter's buffers inside the chain's step")
+
     def __init__(self, params, lr, lookahead_active=True, lookahead_mergetime=5, lookahead_blending_alpha=0.5,
                  lookahead_load_at_validation=False, use_madgrad=False, use_adabelief=False, softplus=True,
                  beta_softplus=50, using_gc=True, using_normgc=True, gc_conv_only=False, normloss_active=True,

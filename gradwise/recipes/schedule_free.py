@@ -13,14 +13,15 @@ class ScheduleFreeAdamW(Optimizer):
     d = g / (sqrt(v / (1 - b2^t)) + eps) + wd y;  y <- (1-c) y + c z + lr (b1 (1-c) - 1) d;  z <- z - lr d.
     Call ``optimizer.eval()`` before evaluating or saving the model for inference and
     ``optimizer.train()`` before training again; both are idempotent and saved in ``state_dict()``.
+    ``state=`` stores v smaller; z, a second copy of the weights, stays at the parameters' precision.
     """
 
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
-                 weight_lr_power=2.0, *, maximize=False, skip_nonfinite=False, compile="auto"):
+                 weight_lr_power=2.0, *, maximize=False, skip_nonfinite=False, compile="auto", state=None):
         transform = chain(scale_by_rms(), add_decayed_weights(), scale_by_schedule_free("betas"))
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup_steps=warmup_steps, r=r, weight_lr_power=weight_lr_power, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile)
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state)
         for group in self.param_groups:
             transform.transforms[-1]._beta(group)
 
@@ -29,7 +30,12 @@ class ScheduleFreeSGD(Optimizer):
     """Schedule-Free SGD; equals ``schedulefree.SGDScheduleFree`` step by step.
 
     d = g + wd y;  y <- (1-c) y + c z + lr (momentum (1-c) - 1) d;  z <- z - lr d  (``eval()``/``train()`` as above).
+    It takes no ``state=``: its one buffer, z, is a second copy of the weights, which stays at the
+    parameters' precision (int8 or bf16 rounding of z is rounding of the weights).
     """
+
+    state_refusal = ("its one state buffer, z, is a second copy of the weights, kept at the parameters' precision"
+                     " (rounding z to int8 or bf16 would round the weights); there is nothing to store smaller")
 
     def __init__(self, params, lr=1.0, momentum=0.9, weight_decay=0.0, warmup_steps=0, r=0.0, weight_lr_power=2.0,
                  *, maximize=False, skip_nonfinite=False, compile="auto"):

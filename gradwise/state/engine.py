@@ -2,6 +2,7 @@
 checkpoints. The core optimizer calls into ``EncodedState`` at four points and knows nothing else."""
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import Counter
 from itertools import chain as chain_iterables
@@ -28,6 +29,7 @@ class EncodedState:
         self.policy = policy
         self.transform = transform
         self.nonnegative = frozenset(transform.nonnegative)
+        self.weights_like = frozenset(transform.weights_like)
         self._compiled: CompiledCodedStep | None = None
         self._specs: dict[tuple, Specs] = {}
 
@@ -43,6 +45,10 @@ class EncodedState:
     def codec_for(self, p: Tensor, name: str | None) -> Codec | None:
         return None if self.policy is None else self.policy.codec_for(name, p.shape)
 
+    def encodable(self, buffer: str, value: Tensor, p: Tensor) -> bool:
+        """Whether a codec may store ``buffer``: floating, shaped like the parameter, not the weights' copy."""
+        return value.is_floating_point() and value.shape == p.shape and buffer not in self.weights_like
+
     # ------------------------------------------------------------- fresh state
     def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
              position: int) -> None:
@@ -50,7 +56,7 @@ class EncodedState:
         for buffer, value in fresh.items():
             if has_buffer(state, buffer):
                 continue
-            encode = codec is not None and value.is_floating_point() and value.shape == p.shape
+            encode = codec is not None and self.encodable(buffer, value, p)
             if encode and isinstance(p, DTensor):
                 raise NotImplementedError(
                     f"parameter {name or position} is a DTensor: encoded state ({codec.tag}) is not yet supported"
@@ -60,6 +66,16 @@ class EncodedState:
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:
         return bool(layout(tuple(state))[1])
+
+    def decoded(self, state: Mapping[str, Tensor], p: Tensor) -> dict[str, Tensor]:
+        """A parameter's state with every encoded buffer decoded to float, for reading only (the
+        Schedule-Free ``set_mode`` reads z to move the parameters between y and x)."""
+        plain_keys, encoded = layout(tuple(state))
+        buffers = {k: local(state[k]) for k in plain_keys if k != "step"}
+        for buffer, tag in encoded:
+            signed = buffer not in self.nonnegative
+            buffers[buffer] = codec_from(tag).decode(parts_of(state, buffer, tag), p.shape, signed, state_dtype(p))
+        return buffers
 
     # ------------------------------------------------------------- the step
     def run(self, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int], values: Tensor,
@@ -128,13 +144,30 @@ class EncodedState:
             current = stored_as(state, buffer)
             if buffer in state and state[buffer].shape != p.shape:
                 continue  # not shaped like the parameter: never encoded
-            wanted = codec.tag if codec is not None else str(state_dtype(p)).replace("torch.float", "fp")
+            kept = None if buffer in self.weights_like else codec
+            wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
             value = take(state, buffer, p.shape, signed, state_dtype(p))
-            store(state, buffer, value, codec, signed, seed(int(state.get("step", 0)), position, buffer))
+            store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer))
             done.append((current, wanted))
         return done
+
+
+def refusal(optimizer: torch.optim.Optimizer, transform: Transform) -> str | None:
+    """Why ``optimizer`` cannot keep encoded state, or None when it can. Encoded state runs each
+    parameter's step alone (decode, update, encode) from ``p.grad`` and the chain's own state."""
+    from gradwise.core.optimizer import Optimizer
+    from gradwise.transforms.route import route
+
+    if any(isinstance(t, route) for _, t in transform.links()):
+        return f"{transform!r} routes parameters to different chains (route())"
+    if transform.batched:
+        return f"{transform!r} batches same-shaped matrices across parameters"
+    kind = type(optimizer)
+    if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
+        return f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs"
+    return None
 
 
 def _named(param_groups: list[dict[str, Any]]):

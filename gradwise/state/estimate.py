@@ -120,7 +120,7 @@ def _estimate(optimizer: Any) -> StateEstimate:
             shape_param = torch.empty(p.shape, dtype=p.dtype, device="meta")
             codec = engine.codec_for(p, name)
             for buffer, value in transform.init(shape_param, group).items():
-                if codec is not None and value.is_floating_point() and value.shape == p.shape:
+                if codec is not None and engine.encodable(buffer, value, p):
                     fmt, nbytes = codec.tag, codec.nbytes(value.shape, buffer not in engine.nonnegative)
                 else:
                     fmt, nbytes = _dtype_label(value.dtype), value.numel() * value.element_size()

@@ -36,6 +36,7 @@ class lookahead(Transform):  # noqa: N801
 
     name = "lookahead"
     state = ("slow",)
+    weights_like = ("slow",)
     hyper = {"lookahead_k": Hyper(5, positive_int), "lookahead_alpha": Hyper(0.5, closed_unit_interval)}
 
     def __new__(cls, evaluate_slow: bool = False):

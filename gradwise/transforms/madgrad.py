@@ -36,6 +36,7 @@ class scale_by_madgrad(Transform):  # noqa: N801
 
     name = "madgrad"
     state = ("grad_sum_sq", "s", "x0")
+    weights_like = ("x0",)
     nonnegative = ("grad_sum_sq",)
 
     def __init__(self, schedule=None, denominator: str = "eps"):
