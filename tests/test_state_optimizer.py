@@ -302,18 +302,25 @@ def test_a_skipped_step_leaves_encoded_state_untouched():
     assert all(torch.equal(v, opt.state[w][k]) for k, v in saved.items())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("state", CODECS)
-def test_compiled_equals_eager_with_encoded_state(state):
+def eager_and_compiled(make, steps):
+    """[(parameters, first weight's state)] after ``steps`` steps of ``make(params, compile)``, eager then
+    compiled, on the same model; the compiled run must have compiled."""
     results = []
     for compile in (False, True):
         net = model()
-        opt = gradwise.AdamW(net.parameters(), lr=1e-2, state=state, compile=compile)
-        params = train(opt, net, 1)
+        opt = make(net.parameters(), compile)
+        params = train(opt, net, steps)
         results.append((params, {k: v.clone() for k, v in opt.state[net[0].weight].items()}))
         if compile:
             assert opt.compile_stats["compiles"] >= 1
-    (eager, eager_state), (compiled, compiled_state) = results
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("state", CODECS)
+def test_compiled_equals_eager_with_encoded_state(state):
+    (eager, eager_state), (compiled, compiled_state) = eager_and_compiled(
+        lambda params, compile: gradwise.AdamW(params, lr=1e-2, state=state, compile=compile), steps=1)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     for key, value in eager_state.items():
@@ -326,15 +333,8 @@ def test_compiled_equals_eager_with_encoded_state(state):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in STATE_CASES if c.recipe in COMPILED_NEW], ids=lambda c: c.name)
 def test_every_recipe_compiled_equals_eager_with_int8_state(case):
-    results = []
-    for compile in (False, True):
-        net = model()
-        opt = case.recipe(net.parameters(), compile=compile, state="int8", **case.kwargs)
-        params = train(opt, net, 2)
-        results.append((params, {k: v.clone() for k, v in opt.state[net[0].weight].items()}))
-        if compile:
-            assert opt.compile_stats["compiles"] >= 1
-    (eager, eager_state), (compiled, compiled_state) = results
+    (eager, eager_state), (compiled, compiled_state) = eager_and_compiled(
+        lambda params, compile: case.recipe(params, compile=compile, state="int8", **case.kwargs), steps=2)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for key, value in eager_state.items():
