@@ -88,13 +88,12 @@ class Quantized(Codec):
         rank1, _, stochastic = self.layout(x.shape, signed)
         values = self.maps[signed]
         seed = seed if stochastic else None
-        if rank1:
-            codes, row_max, col_max = encode_rank1(x, values, signed, seed)
-            parts["row_max"].copy_(row_max)
-            parts["col_max"].copy_(col_max)
-        else:
-            codes, absmax = encode_blocks(x, self.block_size, values, signed, seed)
-            parts["absmax"].copy_(absmax)
+        if not rank1:
+            encode_blocks(x, self.block_size, values, signed, seed, parts["codes"], parts["absmax"], self.bits)
+            return
+        codes, row_max, col_max = encode_rank1(x, values, signed, seed)
+        parts["row_max"].copy_(row_max)
+        parts["col_max"].copy_(col_max)
         parts["codes"].copy_(codes if self.bits == 8 else pack4(codes))
 
     def decode(self, parts, shape, signed, dtype) -> Tensor:

@@ -57,7 +57,7 @@ class _Decade(NamedTuple):
     den: float
     n: float
     offset: float
-    first: float  # the level for k = 1, as float32
+    start: float  # the level for k = 0 (the previous run's last level, or zero), as float32
 
 
 class CodeMap:
@@ -67,10 +67,13 @@ class CodeMap:
     Both maps are runs of evenly spaced levels: the dynamic map's decade ``e`` holds
     ``(n + 9k) / (n 10^(e+1))`` for k = 1 .. n = 2^(magnitude bits - 1 - e), the linear map
     ``k / (2^bits - 1)``. Numerator and denominator are exact in float32, so one division gives each
-    level correctly rounded: the very float32 values of ``dynamic_map`` and ``linear_map``. A value is
-    placed between two levels by comparisons against each run's first level, one multiply-and-floor
-    inside the run, and a check against the two levels computed exactly; the codes are then those of
-    rounding against the table of midpoints (ties toward the lower code, as ``torch.bucketize``).
+    level correctly rounded: the very float32 values of ``dynamic_map`` and ``linear_map``. Level k = 0
+    of a run is the previous run's last level (the dynamic map's decades share their ends), so a
+    value's run is found by comparing it with the runs' starts, its level k by one multiply-and-floor,
+    and rounding to nearest by one comparison with the midpoint of levels k and k + 1 computed
+    exactly (two divisions; stochastic rounding also corrects k by one where the estimate fell on the
+    wrong side of a level). Fields equal in every run stay numbers. The codes are those of rounding
+    against the table of midpoints (ties toward the lower code, as ``torch.bucketize``).
 
     Eagerly, the table is faster (one ``bucketize`` or one gather per tensor, where the closed forms
     take a dozen whole-tensor operations), so the methods use it unless ``torch.compile`` is tracing
@@ -95,8 +98,8 @@ class CodeMap:
             self.zero = -1  # the linear map has no zero: level 0 stands below its first code
         self.decades, offset = [], 0
         for a, b, den, n in runs:
-            first = (torch.tensor(a + b) / torch.tensor(den)).item()
-            self.decades.append(_Decade(a, b, den, float(n), float(offset), first))
+            start = (torch.tensor(a) / torch.tensor(den)).item() if offset else 0.0
+            self.decades.append(_Decade(a, b, den, float(n), float(offset), start))
             offset += n
 
     def table(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -112,7 +115,8 @@ class CodeMap:
             return self.table(codes.device)[0][codes.long()]
         level = codes.to(torch.float32) - self.zero
         magnitude = level.abs() if self.signed else level
-        a, b, den, offset = self._pick([magnitude > d.offset for d in self.decades], "a", "b", "den", "offset")
+        a, b, den, offset, _ = self._pick([magnitude > d.offset for d in self.decades[1:]],
+                                          "a", "b", "den", "offset", "n")
         v = (a + b * (magnitude - offset)) / den
         v = torch.where(magnitude == 0, 0.0, v)
         if self.signed:
@@ -126,6 +130,8 @@ class CodeMap:
         if not _computed(computed):
             return torch.bucketize(x, self.table(x.device)[2])
         y = x.abs() if self.signed else x
+        # y lies between levels k and k + 1 of its run or within an ulp of one of them, where either
+        # side of the midpoint gives the same nearest level: one exact comparison decides
         level, low, high = self._bracket(y)
         middle = (high + low) / 2
         if not self.signed:
@@ -143,7 +149,7 @@ class CodeMap:
             low, high = finite[below], finite[below + 1]
             return below + (uniform < ((x - low) / (high - low)).clamp(0, 1))
         y = x.abs() if self.signed else x
-        level, low, high = self._bracket(y)
+        level, low, high = self._bracket(y, exact=True)
         on_level = y == low
         below, last = self.zero + level, len(self.values) - 2
         low = torch.where(below < 0, self.values[0], torch.where(below > last, self.values[last], low))
@@ -157,34 +163,43 @@ class CodeMap:
         codes = below + (uniform < fraction)
         return (torch.where(negative & on_level, self.zero - level, codes) if self.signed else codes).to(torch.int32)
 
-    def _bracket(self, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(level, low, high) for ``y`` >= 0: the index of the largest magnitude level <= y (0: the
-        value zero), that level's value and the next one's (inf past the largest)."""
-        a, b, den, n, offset, upper = self._pick([y >= d.first for d in self.decades], "a", "b", "den", "n",
-                                                 "offset", "upper")
-        k = ((y * den - a) / b).floor().clamp(min=1)
-        k = torch.minimum(k, n) if isinstance(n, Tensor) else k.clamp(max=n)
-        k = torch.where((a + b * k) / den > y, k - 1, k).clamp(min=1)
-        k = torch.where((k < n) & ((a + b * (k + 1)) / den <= y), k + 1, k)
-        low = (a + b * k) / den
-        high = torch.where(k < n, (a + b * (k + 1)) / den, upper)
-        first = self.decades[0].first
-        below = y < first
-        level = torch.where(below, 0.0, offset + k)
-        return level, torch.where(below, 0.0, low), torch.where(below, first, high)
+    def _bracket(self, y: Tensor, exact: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(level, low, high) for ``y`` >= 0: the index of a magnitude level (0: the value zero), that
+        level's value and the next one's. ``exact``: the largest level <= y; otherwise it may be the
+        level just above y or just below the largest when y is within a rounding error of a level.
+
+        A run's level k = 0 is the previous run's last level (for the dynamic map, whose runs share
+        their ends) or zero, so the run is chosen by comparing y with the runs' starts only, and k
+        estimated with one multiplication (each run's levels are evenly spaced)."""
+        a, b, den, n, offset = self._pick([y > d.start for d in self.decades[1:]], "a", "b", "den", "n", "offset")
+        k = ((y * den - a) * (1 / b)).floor().clamp(min=0)
+        k = torch.minimum(k, n - 1) if isinstance(n, Tensor) else k.clamp(max=n - 1)
+        if exact:
+            k = torch.where((a + b * k) / den > y, k - 1, k).clamp(min=0)
+            k = torch.where((a + b * (k + 1)) / den <= y, k + 1, k)
+            k = torch.minimum(k, n - 1) if isinstance(n, Tensor) else k.clamp(max=n - 1)
+        low, high = (a + b * k) / den, (a + b * (k + 1)) / den
+        if self.decades[0].a != 0:  # the first run's level 0 is zero, not a / den
+            low = torch.where((k == 0) & (y <= self.decades[1].start), 0.0, low)
+        return offset + k, low, high
 
     def _pick(self, takes: list[Tensor], *fields: str) -> list:
-        """Each field of the decade selected per element: the last decade whose ``take`` holds (the
-        first decade where none does). ``upper``: the next decade's first level, inf for the last."""
-        uppers = [d.first for d in self.decades[1:]] + [float("inf")]
-        picked = []
-        for field in fields:
-            values = uppers if field == "upper" else [getattr(d, field) for d in self.decades]
-            out = values[0]
-            for take, value in zip(takes[1:], values[1:]):
-                out = torch.where(take, value, out)
-            picked.append(out)
-        return picked
+        """Each field of the run selected per element: the last run whose ``take`` holds (the first
+        run where none does); a field equal in every run is that number, ``a`` equal to ``n`` in
+        every run is ``n``."""
+        picked = {}
+        for field in sorted(fields, key=lambda f: f != "n"):
+            values = [getattr(d, field) for d in self.decades]
+            if len(set(values)) == 1:
+                picked[field] = values[0]
+            elif field == "a" and values == [d.n for d in self.decades] and "n" in picked:
+                picked[field] = picked["n"]
+            else:
+                out = values[0]
+                for take, value in zip(takes, values[1:]):
+                    out = torch.where(take, value, out)
+                picked[field] = out
+        return [picked[f] for f in fields]
 
 
 def _computed(computed: bool | None) -> bool:

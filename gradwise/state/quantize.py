@@ -16,7 +16,6 @@ in their own element, and never inflate a scale.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.state.bf16 import hash32, unsigned
@@ -51,37 +50,34 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     return torch.where(finite, codes, code_map.nan_code)
 
 
-def split_blocks(flat: Tensor, block: int) -> tuple[Tensor, Tensor | None]:
-    """The whole blocks of a flat tensor as a (blocks, block) matrix, and the remainder zero-padded
-    to one more block (``None`` when there is none): the whole blocks stay a view, where padding the
-    whole tensor would copy it eagerly and index it modulo its padded length when compiled."""
+def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: Tensor | None,
+                  codes: Tensor, absmax: Tensor, bits: int = 8) -> None:
+    """Write the codes of ``x`` (``bits`` per element, packed two per byte when 4) and one float32
+    absmax per block into ``codes`` and ``absmax``. The whole blocks and the remainder (a shorter
+    last block) are encoded separately, each into its own slice: no padded or concatenated copy of
+    the buffer is made, and a compiled step reads and writes every element exactly once."""
+    flat = x.reshape(-1).float()
     whole = flat.numel() // block * block
-    if whole == flat.numel():
-        return flat.view(-1, block), None
-    rest = flat[whole:]
-    return flat[:whole].view(-1, block), F.pad(rest, (0, block - rest.numel())).view(1, block)
-
-
-def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool,
-                  seed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(codes: flat integers, ``x.numel()`` of them, absmax: one float32 per block) of ``x``."""
-    numel = x.numel()
-    head, tail = split_blocks(x.reshape(-1).float(), block)
-    absmax = finite_absmax(head, 1)
-    codes = to_codes(head, absmax, code_map, signed, seed).view(-1)
-    if tail is None:
-        return codes, absmax.view(-1)
-    tail_absmax = finite_absmax(tail, 1)
-    tail_codes = to_codes(tail, tail_absmax, code_map, signed, seed, start=head.numel()).view(-1)
-    return torch.cat([codes, tail_codes[: numel - head.numel()]]), torch.cat([absmax, tail_absmax]).view(-1)
+    for start, stop, rows in ((0, whole, whole // block), (whole, flat.numel(), 1)):
+        if stop == start:
+            continue
+        piece = flat[start:stop].view(rows, -1)
+        scale = finite_absmax(piece, 1)
+        piece_codes = to_codes(piece, scale, code_map, signed, seed, start=start).view(-1)
+        if bits == 4:  # start is even: blocks are powers of two of at least 2 elements
+            codes[start // 2: (stop + 1) // 2].copy_(pack4(piece_codes))
+        else:
+            codes[start:stop].copy_(piece_codes)
+        absmax[start // block: start // block + rows].copy_(scale.view(-1))
 
 
 def decode_blocks(codes: Tensor, absmax: Tensor, block: int, code_map: CodeMap, shape: torch.Size) -> Tensor:
-    head, tail = split_blocks(code_map.value(codes[: shape.numel()]), block)
-    values = (head * absmax[: head.shape[0]].view(-1, 1)).view(-1)
-    if tail is not None:
-        values = torch.cat([values, (tail * absmax[-1]).view(-1)[: shape.numel() - values.numel()]])
-    return values.view(shape)
+    values = code_map.value(codes[: shape.numel()])
+    whole = shape.numel() // block * block
+    head = (values[:whole].view(-1, block) * absmax[: whole // block].view(-1, 1)).view(-1)
+    if whole == shape.numel():
+        return head.view(shape)
+    return torch.cat([head, values[whole:] * absmax[-1]]).view(shape)
 
 
 def encode_rank1(x: Tensor, code_map: CodeMap, signed: bool,
