@@ -11,6 +11,8 @@
    without the update inside backward (``gradwise/bench_peak.py``).
 4. With ``--param-rounding``: bfloat16 parameters trained with round-to-nearest and with stochastic
    rounding against float32 (``gradwise/bench_rounding.py``).
+5. With ``--recipe-quality``: the loss each state format costs Muon, Shampoo, SOAP and AdamW
+   (``gradwise/bench_recipe_quality.py``).
 
 Run as ``python bench/memory.py``; ``--help`` lists the options.
 """
@@ -252,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                              " without the update inside backward (gradwise/bench_peak.py)")
     parser.add_argument("--param-rounding", action="store_true",
                         help="also train bfloat16 parameters with each param_rounding against float32 (bench_rounding.py)")
+    parser.add_argument("--recipe-quality", action="store_true",
+                        help="also compare state formats on Muon, Shampoo, SOAP and AdamW (bench_recipe_quality.py)")
     args = parser.parse_args(argv)
     import torch
 
@@ -295,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         from gradwise import bench_rounding
 
         bench_rounding.print_table(bench_rounding.compare(log=log))
+    if args.recipe_quality:
+        from gradwise import bench_recipe_quality
+
+        bench_recipe_quality.print_table(bench_recipe_quality.compare(log=log))
     return 0
 
 

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 import gradwise
+from gradwise.bench_recipe_quality import held_out_loss
 from gradwise.state import StatePolicy
 from tests.registry import CASES, RECIPES, build
 
 CODECS = ["bf16", "int8", "int4"]
 #: how far from the float32 trajectory a codec may drift in 15 steps, relative to how far it moved.
 DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6}
+#: recipes whose step amplifies a small error of the state: Newton-Schulz lifts every singular value
+#: of the momentum to about 1, preconditioners divide by small eigenvalues. Their trajectories part
+#: from float32's faster than the drift bound allows; their loss is checked instead (below).
+AMPLIFYING = (gradwise.Muon, gradwise.Shampoo, gradwise.SOAP)
 
 
 def takes_state(recipe) -> bool:
@@ -27,8 +32,7 @@ def takes_state(recipe) -> bool:
 STATE_CASES = list({c.recipe: c for c in CASES if c.trains and takes_state(c.recipe)}.values())
 #: recipes that cannot keep encoded state (ScheduleFreeSGD: its only buffer is a copy of the weights):
 #: their signatures leave state= out, and it raises
-REFUSING = [gradwise.ScheduleFreeSGD, gradwise.Muon, gradwise.Shampoo, gradwise.SOAP, gradwise.GaLoreAdamW,
-            gradwise.APOLLO, gradwise.APOLLOMini, gradwise.Ranger21]
+REFUSING = [gradwise.ScheduleFreeSGD, gradwise.GaLoreAdamW, gradwise.APOLLO, gradwise.APOLLOMini, gradwise.Ranger21]
 
 
 #: compiled against eager below: the chains that are not AdamW's elementwise kind (SGD, Adam, NAdamW and
@@ -85,6 +89,8 @@ def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
         assert any(k.startswith(f"{key}@{tag}.") for k in opt.state[weight]), key
     assert not param_shaped(opt, weight), "a buffer shaped like the parameter stayed float32"
     assert all("@" not in k for k in opt.state[bias]), "tensors under 4096 elements stay float32"
+    if case.recipe in AMPLIFYING:
+        return
     for a, b, s in zip(ours, fp32, start):
         moved = (b - s).norm()
         assert (a - b).norm() <= DRIFT[state] * moved + 1e-6, f"{state} drifted from the float32 trajectory"
@@ -186,13 +192,73 @@ def test_recipes_that_cannot_encode_state_say_so(recipe):
         build(recipe, model().parameters(), state="int8")
 
 
-def test_a_routed_or_batched_chain_refuses_state():
-    muon = gradwise.Muon(model().parameters())
-    with pytest.raises(ValueError, match=r"invalid state='int8' for Optimizer: route.*routes parameters"):
-        gradwise.Optimizer(model().parameters(), muon.transform, state="int8")
-    shampoo = gradwise.Shampoo(model().parameters())
-    with pytest.raises(ValueError, match=r"invalid state='bf16' for Optimizer: .*batches same-shaped matrices"):
-        gradwise.Optimizer(model().parameters(), shampoo.transform, state="bf16", lr=1e-3)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", [r.__name__ for r in AMPLIFYING])
+def test_amplifying_recipes_lose_little_with_bf16_and_int8_state(recipe):
+    """Mean held-out loss over 3 seeds after 150 steps, relative to float32 state: the issue's bounds
+    for AdamW (bf16 1%, int8 3%). (int4 is not bounded here: 4-bit momentum cost Muon and SOAP 1.7x.)"""
+    fp32 = sum(held_out_loss(recipe, None, seed) for seed in range(3))
+    for state, bound in (("bf16", 0.01), ("int8", 0.03)):
+        ours = sum(held_out_loss(recipe, state, seed) for seed in range(3))
+        assert ours <= (1 + bound) * fp32, f"{state}: {ours / fp32:.3f}x float32's loss"
+
+
+def routed_params():
+    """An embedding (AdamW's route under Muon, by name) and a matrix (Muon's), both large enough to encode."""
+    torch.manual_seed(0)
+    embed, weight = torch.nn.Parameter(torch.randn(100, 64)), torch.nn.Parameter(torch.randn(96, 64) * 0.1)
+    return embed, weight
+
+
+def routed_steps(opt, embed, weight, start, count):
+    for step in range(start, start + count):
+        gen = torch.Generator().manual_seed(step)
+        embed.grad, weight.grad = torch.randn(100, 64, generator=gen), torch.randn(96, 64, generator=gen)
+        opt.step()
+    return embed.detach().clone(), weight.detach().clone()
+
+
+def test_routed_chains_encode_each_routes_state_with_its_own_signs():
+    """Muon routes the embedding to AdamW and the matrix to Muon: both routes' buffers are encoded,
+    the second moment (non-negative under the AdamW route) with rank-1 scales, the momentum in blocks;
+    a resume is bit-identical."""
+    embed, weight = routed_params()
+    named = [("embed.weight", embed), ("fc.weight", weight)]
+    opt = gradwise.Muon(named, lr=0.02, adamw_lr=1e-3, state="int8", compile=False)
+    routed_steps(opt, embed, weight, 0, 3)
+    assert {k.split("@")[0] for k in opt.state[embed] if "@" in k} == {"adam.exp_avg", "adam.exp_avg_sq"}
+    assert any(k.startswith("adam.exp_avg_sq@int8") and k.endswith(".col_max") for k in opt.state[embed])
+    assert any(k.startswith("adam.exp_avg@int8") and k.endswith(".absmax") for k in opt.state[embed])
+    assert any(k.startswith("ema.momentum_buffer@int8") for k in opt.state[weight])
+    saved = copy.deepcopy((embed.detach().clone(), weight.detach().clone(), opt.state_dict()))
+    straight = routed_steps(opt, embed, weight, 3, 3)
+    with torch.no_grad():
+        embed.copy_(saved[0])
+        weight.copy_(saved[1])
+    resumed = gradwise.Muon(named, lr=0.02, adamw_lr=1e-3, state="int8", compile=False)
+    resumed.load_state_dict(saved[2])
+    for a, b in zip(straight, routed_steps(resumed, embed, weight, 3, 3)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_routed_chain_compiled_equals_eager_with_int8_state():
+    """The AdamW route's encoded step compiles (Muon's batched route runs eagerly either way)."""
+    results = []
+    for compile in (False, True):
+        embed, weight = routed_params()
+        opt = gradwise.Muon([("embed.weight", embed), ("fc.weight", weight)], lr=0.02, adamw_lr=1e-3,
+                            state="int8", compile=compile)
+        results.append((routed_steps(opt, embed, weight, 0, 2), {k: v.clone() for k, v in opt.state[embed].items()}))
+    assert opt.compile_stats["compiles"] >= 1
+    (eager, eager_state), (compiled, compiled_state) = results
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for key, value in eager_state.items():
+        if value.dtype == torch.uint8:  # codes: equal but at rounding ties
+            assert (value != compiled_state[key]).float().mean() < 1e-3, key
+        else:
+            torch.testing.assert_close(value, compiled_state[key], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("state", CODECS)

@@ -274,12 +274,9 @@ class Optimizer(torch.optim.Optimizer):
                 " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
             )
         encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
-        if encoded and transform is not self.transform:
-            raise NotImplementedError("encoded state (state=...) does not yet work with route(); keep routed "
-                                      "optimizers in float32 state")
         if encoded:
             order = sorted(encoded)
-            self._encoded.run([params[i] for i in order], [states[i] for i in order],
+            self._encoded.run(transform, [params[i] for i in order], [states[i] for i in order],
                               [self._position(params[i]) for i in order], values, layout, static,
                               compiled=self._runner(transform) is not None, fall_back=self._fall_back)
             params = [p for i, p in enumerate(params) if i not in encoded]

@@ -26,14 +26,15 @@ class Muon(Optimizer):
     O <- NS_5(U) (quintic Newton-Schulz in ``ns_dtype``, same-shaped matrices batched);
     W <- W - lr (s O + wd W), with s = sqrt(max(1, A/B)) for an A x B matrix (``adjust_lr_fn``).
     Others: AdamW with ``adamw_lr`` and ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
+    ``state``: the storage of the momentum buffer and AdamW's moments (``"bf16"``, ``"int8"``, ...),
+    as for AdamW; each parameter is decoded, stepped by its route's chain and encoded again.
     """
-
-    state_refusal = "it routes matrices and other parameters to two chains (route()), which encoded state does not run"
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=MUON_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
                  adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0,
-                 ns_dtype=torch.bfloat16, rule=matrices, maximize=False, skip_nonfinite=False, compile="auto"):
+                 ns_dtype=torch.bfloat16, rule=matrices, maximize=False, skip_nonfinite=False, compile="auto",
+                 state=None):
         muon = chain(trace_ema(), orthogonalize_by_newton_schulz(), scale_by_shape(), add_decayed_weights(),
                      scale_by_learning_rate())
         adamw = chain(scale_by_adam(), add_decayed_weights(), scale_by_learning_rate())
@@ -44,4 +45,5 @@ class Muon(Optimizer):
                                adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)),
             other=(adamw, dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay)),
         )
-        super().__init__(params, transform, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
+        super().__init__(params, transform, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         state=state)

@@ -30,7 +30,7 @@ class EncodedState:
         self.transform = transform
         self.nonnegative = frozenset(transform.nonnegative)
         self.weights_like = frozenset(transform.weights_like)
-        self._compiled: CompiledCodedStep | None = None
+        self._compiled: dict[Transform, CompiledCodedStep] = {}  # one per chain that runs (one per route)
         self._specs: dict[tuple, Specs] = {}
 
     @classmethod
@@ -78,10 +78,13 @@ class EncodedState:
         return buffers
 
     # ------------------------------------------------------------- the step
-    def run(self, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int], values: Tensor,
-            layout_: Any, static: Mapping[str, Any], compiled: bool, fall_back: Callable[[Exception], None]) -> None:
-        """One step of every parameter in ``params`` (all with encoded state), one parameter at a time.
-        ``fall_back(error)`` is called when a compile fails: it re-raises, or the rest runs eagerly."""
+    def run(self, transform: Transform, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int],
+            values: Tensor, layout_: Any, static: Mapping[str, Any], compiled: bool,
+            fall_back: Callable[[Exception], None]) -> None:
+        """One step of ``transform`` (the chain of these parameters' group: a route's own chain under
+        ``route()``) for every parameter in ``params`` (all with encoded state), one parameter at a
+        time; a batched transform sees a batch of one. ``fall_back(error)`` is called when a compile
+        fails: it re-raises, or the rest runs eagerly."""
         for p, state, position in zip(params, states, positions):
             plain_keys, encoded = layout(tuple(state))
             specs = self._specs_for(encoded)
@@ -93,15 +96,15 @@ class EncodedState:
                 if rounds_stochastically(static, p.dtype) else None
             args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static, rounding)
             if compiled and p.numel() >= 2:
-                if self._compiled is None:
-                    self._compiled = CompiledCodedStep(self.transform)
+                if transform not in self._compiled:
+                    self._compiled[transform] = CompiledCodedStep(transform)
                 try:
-                    self._compiled(*args)
+                    self._compiled[transform](*args)
                     continue
                 except Exception as error:
                     fall_back(error)
                     compiled = False
-            coded_step(self.transform, *args)
+            coded_step(transform, *args)
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:
@@ -110,8 +113,8 @@ class EncodedState:
 
     @property
     def compile_stats(self) -> tuple[int, float]:
-        c = self._compiled
-        return (0, 0.0) if c is None else (c.compiles, c.compile_seconds)
+        return (sum(c.compiles for c in self._compiled.values()),
+                sum(c.compile_seconds for c in self._compiled.values()))
 
     # ------------------------------------------------------------- checkpoints
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -158,12 +161,7 @@ def refusal(optimizer: torch.optim.Optimizer, transform: Transform) -> str | Non
     """Why ``optimizer`` cannot keep encoded state, or None when it can. Encoded state runs each
     parameter's step alone (decode, update, encode) from ``p.grad`` and the chain's own state."""
     from gradwise.core.optimizer import Optimizer
-    from gradwise.transforms.route import route
 
-    if any(isinstance(t, route) for _, t in transform.links()):
-        return f"{transform!r} routes parameters to different chains (route())"
-    if transform.batched:
-        return f"{transform!r} batches same-shaped matrices across parameters"
     kind = type(optimizer)
     if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
         return f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs"

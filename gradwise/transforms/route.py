@@ -58,6 +58,8 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
             self.route_defaults[key] = {**own, **values}
         self.hyper = {**merged, "route": Hyper(next(iter(self.routes)), self._check_route, static=True)}
         self.state = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.state))
+        self.nonnegative = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.nonnegative))
+        self.weights_like = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.weights_like))
         self.elementwise = all(t.elementwise for t in self.routes.values())
         self.batched = any(t.batched for t in self.routes.values())
 
