@@ -13,6 +13,8 @@
    rounding against float32 (``gradwise/bench_rounding.py``).
 5. With ``--recipe-quality``: the loss each state format costs Muon, Shampoo, SOAP and AdamW
    (``gradwise/bench_recipe_quality.py``).
+6. With ``--arena-quality``: the loss each state format costs AdamW on the arena's workloads
+   (``gradwise/bench_arena_quality.py``).
 
 Run as ``python bench/memory.py``; ``--help`` lists the options.
 """
@@ -256,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train bfloat16 parameters with each param_rounding against float32 (bench_rounding.py)")
     parser.add_argument("--recipe-quality", action="store_true",
                         help="also compare state formats on Muon, Shampoo, SOAP and AdamW (bench_recipe_quality.py)")
+    parser.add_argument("--arena-quality", action="store_true",
+                        help="also train AdamW on the arena's workloads with each state format (bench_arena_quality.py)")
+    parser.add_argument("--arena-quality-min-numel", type=int, default=0,
+                        help="--arena-quality encodes buffers of at least this many elements (default 0: all)")
     args = parser.parse_args(argv)
     import torch
 
@@ -303,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         from gradwise import bench_recipe_quality
 
         bench_recipe_quality.print_table(bench_recipe_quality.compare(log=log))
+    if args.arena_quality:
+        from gradwise import bench_arena_quality
+
+        min_numel = args.arena_quality_min_numel
+        bench_arena_quality.print_table(bench_arena_quality.compare(min_numel=min_numel, log=log), min_numel)
     return 0
 
 
