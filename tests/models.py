@@ -23,3 +23,12 @@ def regression_batch(dtype: torch.dtype, step: int) -> tuple[torch.Tensor, torch
     gen = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(32, 8, generator=gen, dtype=dtype)
     return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def train_regression(model: nn.Module, optimizer, start: int, stop: int, dtype: torch.dtype = torch.float64) -> None:
+    """Steps ``start`` to ``stop`` (exclusive) on ``regression_batch``: zero_grad, MSE backward, step."""
+    for step in range(start, stop):
+        x, y = regression_batch(dtype, step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import mlp, regression_batch
+from tests.models import mlp, train_regression
 from tests.registry import _ranger21
 from tests.test_parity import assert_trajectories_close, run_mlp
 
@@ -67,27 +67,20 @@ def test_schedule_is_the_ranger21_packages(betas, total):
 def test_checkpoint_resumes_exactly(mode):
     n, kwargs = 57, dict(lr=1e-2, num_iterations=120, num_warmup_iterations=20, compile=False)
 
-    def train(model, optimizer, start, stop):
-        for step in range(start, stop):
-            x, y = regression_batch(torch.float64, step)
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-
     model = mlp(torch.float64)
     optimizer = gradwise.Ranger21(model.parameters(), **kwargs)
-    train(model, optimizer, 0, n)
+    train_regression(model, optimizer, 0, n)
     optimizer.train(mode == "train")
     saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     optimizer.train()
-    train(model, optimizer, n, 2 * n)
+    train_regression(model, optimizer, n, 2 * n)
 
     fresh_model = mlp(torch.float64, seed=3)
     fresh = gradwise.Ranger21(fresh_model.parameters(), **kwargs)
     fresh_model.load_state_dict(saved["model"])
     fresh.load_state_dict(saved["optimizer"])
     fresh.train()
-    train(fresh_model, fresh, n, 2 * n)
+    train_regression(fresh_model, fresh, n, 2 * n)
     assert all(torch.equal(a, b) for a, b in zip(fresh_model.parameters(), model.parameters()))
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import mlp, regression_batch
+from tests.models import mlp, train_regression
 from tests.test_parity import assert_trajectories_close, run_mlp
 
 STEPS = 120
@@ -147,21 +147,13 @@ def _belief_chain(params, schedule, lr):
     return optimizer
 
 
-def _train(model, optimizer, start, stop):
-    for step in range(start, stop):
-        x, y = regression_batch(torch.float64, step)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-
-
 @pytest.mark.parametrize("use_madgrad", [False, True])
 def test_lookahead_load_at_validation_evaluates_the_slow_weights(use_madgrad):
     kwargs = dict(lr=1e-2, num_iterations=60, lookahead_load_at_validation=True, use_madgrad=use_madgrad,
                   compile=False)
     model = mlp(torch.float64)
     optimizer = gradwise.Ranger21(model.parameters(), **kwargs)
-    _train(model, optimizer, 0, 13)  # a merge at 10, three fast steps since
+    train_regression(model, optimizer, 0, 13)  # a merge at 10, three fast steps since
     fast = [p.detach().clone() for p in model.parameters()]
     slow = [optimizer.state[p]["lookahead.slow"].clone() for p in model.parameters()]
     assert not any(torch.equal(a, b) for a, b in zip(fast, slow))
@@ -174,7 +166,7 @@ def test_lookahead_load_at_validation_evaluates_the_slow_weights(use_madgrad):
     optimizer.train()
     optimizer.train()
     assert all(torch.equal(p, f) for p, f in zip(model.parameters(), fast))
-    _train(model, optimizer, 13, 40)
+    train_regression(model, optimizer, 13, 40)
 
     fresh_model = mlp(torch.float64, seed=3)
     fresh = gradwise.Ranger21(fresh_model.parameters(), **kwargs)
@@ -182,18 +174,18 @@ def test_lookahead_load_at_validation_evaluates_the_slow_weights(use_madgrad):
     fresh.load_state_dict(saved["optimizer"])
     assert fresh.mode == "eval" and all(torch.equal(p, s) for p, s in zip(fresh_model.parameters(), slow))
     fresh.train()
-    _train(fresh_model, fresh, 13, 40)
+    train_regression(fresh_model, fresh, 13, 40)
     assert all(torch.equal(a, b) for a, b in zip(fresh_model.parameters(), model.parameters()))
 
 
 def test_without_load_at_validation_eval_moves_nothing():
     model = mlp(torch.float64)
     optimizer = gradwise.Ranger21(model.parameters(), lr=1e-2, num_iterations=60, compile=False)
-    _train(model, optimizer, 0, 13)
+    train_regression(model, optimizer, 0, 13)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.eval()
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-    _train(model, optimizer, 13, 14)  # stepping in eval mode is allowed: there is nothing to move
+    train_regression(model, optimizer, 13, 14)  # stepping in eval mode is allowed: there is nothing to move
 
 
 @pytest.mark.parametrize("kwargs, message", [

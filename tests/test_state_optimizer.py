@@ -96,23 +96,35 @@ def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
         assert (a - b).norm() <= DRIFT[state] * moved + 1e-6, f"{state} drifted from the float32 trajectory"
 
 
-@pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: c.name)
-def test_every_recipe_resumes_bit_identical_with_encoded_state(case):
-    policy = StatePolicy("int8", min_numel=0)
+def resume_and_compare(make, steps):
+    """Train ``make(named_parameters)`` for ``steps``, checkpoint through ``torch.save`` and
+    ``torch.load(weights_only=True)``, train ``steps`` more; resume the checkpoint into a fresh model and
+    optimizer (no conversion, so no warning) and train the same steps: parameters equal bit for bit.
+    Returns (optimizer, net, resumed optimizer, resumed net)."""
     net = model()
-    opt = case.recipe(net.named_parameters(), compile=False, state=policy, **case.kwargs)
-    train(opt, net, 3)
-    saved = copy.deepcopy({"model": net.state_dict(), "opt": opt.state_dict()})
-    straight = train(opt, net, 3, start=3)
+    opt = make(net.named_parameters())
+    train(opt, net, steps)
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buffer)
+    straight = train(opt, net, steps, start=steps)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
     net2 = model(seed=1)
     net2.load_state_dict(saved["model"])
-    opt2 = case.recipe(net2.named_parameters(), compile=False, state=policy, **case.kwargs)
+    opt2 = make(net2.named_parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # same format: no conversion, no message
         opt2.load_state_dict(saved["opt"])
-    resumed = train(opt2, net2, 3, start=3)
+    resumed = train(opt2, net2, steps, start=steps)
     for a, b in zip(straight, resumed):
         assert torch.equal(a, b)
+    return opt, net, opt2, net2
+
+
+@pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: c.name)
+def test_every_recipe_resumes_bit_identical_with_encoded_state(case):
+    policy = StatePolicy("int8", min_numel=0)
+    resume_and_compare(lambda params: case.recipe(params, compile=False, state=policy, **case.kwargs), steps=3)
 
 
 @pytest.mark.parametrize("case", STATE_CASES, ids=lambda c: c.name)
@@ -256,23 +268,8 @@ def test_routed_chain_compiled_equals_eager_with_int8_state():
 
 @pytest.mark.parametrize("state", CODECS)
 def test_resume_is_bit_identical(state):
-    net = model()
-    opt = gradwise.AdamW(net.named_parameters(), lr=1e-2, state=StatePolicy(state, min_numel=0), compile=False)
-    train(opt, net, 5)
-    buffer = io.BytesIO()
-    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buffer)
-    straight = train(opt, net, 5, start=5)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    net2 = model(seed=1)
-    net2.load_state_dict(saved["model"])
-    opt2 = gradwise.AdamW(net2.named_parameters(), lr=1e-2, state=StatePolicy(state, min_numel=0), compile=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # same format: no conversion, no message
-        opt2.load_state_dict(saved["opt"])
-    resumed = train(opt2, net2, 5, start=5)
-    for a, b in zip(straight, resumed):
-        assert torch.equal(a, b)
+    opt, net, opt2, net2 = resume_and_compare(
+        lambda params: gradwise.AdamW(params, lr=1e-2, state=StatePolicy(state, min_numel=0), compile=False), steps=5)
     for key, value in opt.state[net[0].weight].items():
         assert torch.equal(value, opt2.state[net2[0].weight][key]) and value.dtype == opt2.state[net2[0].weight][key].dtype
 
