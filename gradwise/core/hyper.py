@@ -63,6 +63,14 @@ def boolean(name: str, value: Any) -> None:
         raise TypeError(f"invalid {name}={value!r}: expected True or False")
 
 
+def choice(options: tuple[Any, ...]):
+    """A check that a value is one of ``options``."""
+    def check(name: str, value: Any) -> None:
+        if value not in options:
+            raise ValueError(f"invalid {name}={value!r}: expected one of {list(options)}")
+    return check
+
+
 @dataclass(frozen=True)
 class Hyper:
     """One hyperparameter a transform reads from its param group.

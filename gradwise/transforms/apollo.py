@@ -9,10 +9,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, boolean
-from gradwise.core.transform import Chain, Context, Transform, chain, state_dtype
-from gradwise.transforms.low_rank import (check_fits, choice, project, projected_shape, projection_hyper, projects,
-                                          refresh_bases, side_of)
+from gradwise.core.hyper import Hyper, boolean, choice
+from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.low_rank import (check_fits, inner_chain, project, projected_shape,
+                                          projection_hyper, projects, refresh_bases, side_of)
 
 #: APOLLO's projections (random ones have no "full" form) and its scale factors' granularity.
 PROJ_TYPES = ("std", "reverse_std", "right", "left")
@@ -63,9 +63,7 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
     batched = True
 
     def __init__(self, inner: Transform):
-        if not isinstance(inner, Transform):
-            raise TypeError(f"scale_by_apollo(): inner={inner!r} must be a Transform, e.g. scale_by_adam_moments()")
-        self.inner: Chain = inner if isinstance(inner, Chain) else chain(inner)
+        self.inner = inner_chain(inner, "scale_by_apollo")
         own = {**projection_hyper(PROJ_TYPES, 1.0),
                "scale_type": Hyper("channel", choice(SCALE_TYPES), static=True),
                "proj": Hyper("random", choice(PROJS), static=True),

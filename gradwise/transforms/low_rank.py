@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, positive
+from gradwise.core.hyper import Hyper, choice, positive
 from gradwise.core.transform import Chain, Context, Transform, chain, state_dtype
 
 #: GaLore's projection types, named as galore-torch names them: ``std`` projects the larger side
@@ -32,11 +32,11 @@ def check_gap(name: str, value: Any) -> None:
         raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1 (steps between projector refreshes)")
 
 
-def choice(options: tuple[str, ...]):
-    def check(name: str, value: Any) -> None:
-        if value not in options:
-            raise ValueError(f"invalid {name}={value!r}: expected one of {list(options)}")
-    return check
+def inner_chain(inner: Transform, owner: str) -> Chain:
+    """The chain a projection wrapper runs in the projected space (one transform becomes a chain of one)."""
+    if not isinstance(inner, Transform):
+        raise TypeError(f"{owner}(): inner={inner!r} must be a Transform, e.g. scale_by_adam_moments()")
+    return inner if isinstance(inner, Chain) else chain(inner)
 
 
 def projection_hyper(proj_types: tuple[str, ...], scale: float) -> dict[str, Hyper]:
@@ -111,9 +111,7 @@ class project_low_rank(Transform):  # noqa: N801 - transforms are named like fun
     batched = True
 
     def __init__(self, inner: Transform):
-        if not isinstance(inner, Transform):
-            raise TypeError(f"project_low_rank(): inner={inner!r} must be a Transform, e.g. scale_by_adam_moments()")
-        self.inner: Chain = inner if isinstance(inner, Chain) else chain(inner)
+        self.inner = inner_chain(inner, "project_low_rank")
         own = projection_hyper(PROJ_TYPES, 1.0)
         clash = sorted(set(own) & set(self.inner.hyper))
         if clash:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, positive, unit_interval
+from gradwise.core.hyper import Hyper, boolean, choice, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.blocking import Blocking, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import inverse_roots
@@ -33,18 +33,6 @@ def _positive_int(name: str, value: Any) -> None:
 def _start(name: str, value: Any) -> None:
     if value is not None and not (value == math.inf or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
         raise ValueError(f"invalid {name}={value!r}: expected None (= precondition_frequency), an integer >= 1 or math.inf")
-
-
-def _choice(options):
-    def check(name: str, value: Any) -> None:
-        if value not in options:
-            raise ValueError(f"invalid {name}={value!r}: expected one of {options}")
-    return check
-
-
-def _boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"invalid {name}={value!r}: expected True or False")
 
 
 class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -76,12 +64,12 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
         "max_preconditioner_dim": Hyper(8192, _positive_int, static=True),
         "precondition_frequency": Hyper(100, _positive_int, static=True),
         "start_preconditioning_step": Hyper(None, _start, static=True),
-        "grafting": Hyper("adam", _choice(GRAFTINGS), static=True),
+        "grafting": Hyper("adam", choice(GRAFTINGS), static=True),
         "grafting_beta2": Hyper(0.999, unit_interval),
         "grafting_epsilon": Hyper(1e-8, positive),
-        "use_bias_correction": Hyper(True, _boolean, static=True),
-        "preconditioner_dtype": Hyper(torch.float32, _choice(PRECONDITIONER_DTYPES), static=True),
-        "batch_blocks": Hyper(True, _boolean, static=True),
+        "use_bias_correction": Hyper(True, boolean, static=True),
+        "preconditioner_dtype": Hyper(torch.float32, choice(PRECONDITIONER_DTYPES), static=True),
+        "batch_blocks": Hyper(True, boolean, static=True),
     }
 
     def __init__(self) -> None:
