@@ -11,33 +11,59 @@ from gradwise.core.transform import Context, Transform, state_dtype
 
 
 class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
-    """Adam (Kingma & Ba, 2015, arXiv:1412.6980).
+    """Adam (Kingma & Ba, 2015, arXiv:1412.6980); with ``amsgrad``, AMSGrad (Reddi et al., 2018,
+    "On the Convergence of Adam and Beyond"), as torch.optim.Adam keeps it.
 
     m <- b1 m + (1-b1) u;  v <- b2 v + (1-b2) u^2;
     u <- (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
+    amsgrad:  v_max <- max(v_max, v), and v_max takes v's place in u.
 
     The bias corrections enter as reciprocals computed once per step, so the fused loop holds one
-    square root and one division per element.
+    square root and one division per element; 1 - b1 and 1 - b2 are computed in double precision,
+    as torch does (in float32, 1 - 0.999 is 1.3e-5 off). ``amsgrad`` is a param-group entry, as in
+    torch: a group with ``amsgrad=True`` runs ``scale_by_amsgrad``, which keeps ``max_exp_avg_sq``.
     """
 
     name = "adam"
     state = ("exp_avg", "exp_avg_sq")
-    nonnegative = ("exp_avg_sq",)
-    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
+    nonnegative = ("exp_avg_sq", "max_exp_avg_sq")
+    hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive),
+             "amsgrad": Hyper(False, boolean, static=True)}
+
+    def for_group(self, group) -> Transform:
+        if not group.get("amsgrad", False):
+            return self
+        if "_amsgrad" not in self.__dict__:
+            self._amsgrad = scale_by_amsgrad()
+        return self._amsgrad
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        b1, b2 = hyper["betas"]
-        return {"inv_bias1": 1 / (1 - b1**step), "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
+        b1, b2 = map(float, hyper["betas"])
+        return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2,
+                "inv_bias1": 1 / (1 - b1**step), "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b1, b2 = ctx["betas"]
+        b2 = ctx["betas"][1]
         eps, inv_bias1, inv_bias2_sqrt = ctx["eps"], ctx["inv_bias1"], ctx["inv_bias2_sqrt"]
+        maxima = state.get("max_exp_avg_sq", [None] * len(updates))
         out = []
-        for u, m, v in zip(updates, state["exp_avg"], state["exp_avg_sq"]):
-            m.mul_(b1).add_(u * (1 - b1))
-            v.mul_(b2).add_(u * u * (1 - b2))
-            out.append(m * inv_bias1 / (v.sqrt() * inv_bias2_sqrt + eps))
+        for u, m, v, v_max in zip(updates, state["exp_avg"], state["exp_avg_sq"], maxima):
+            m.lerp_(u, ctx["one_minus_beta1"])
+            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
+            if v_max is not None:
+                v_max.copy_(torch.maximum(v_max, v))
+            out.append(m * inv_bias1 / ((v if v_max is None else v_max).sqrt() * inv_bias2_sqrt + eps))
         return out
+
+
+class scale_by_amsgrad(scale_by_adam):  # noqa: N801
+    """``scale_by_adam`` with AMSGrad's running maximum of v, ``max_exp_avg_sq`` (see there); what a
+    param group with ``amsgrad=True`` runs."""
+
+    state = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+    def for_group(self, group) -> Transform:
+        return self
 
 
 class scale_by_nadam(Transform):  # noqa: N801
@@ -63,24 +89,26 @@ class scale_by_nadam(Transform):  # noqa: N801
         return buffers
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        b1, b2 = hyper["betas"]
-        psi = hyper["momentum_decay"]
+        b1, b2 = map(float, hyper["betas"])
+        psi = float(hyper["momentum_decay"])
         return {
             "mu": b1 * (1 - 0.5 * 0.96 ** (step * psi)),
             "mu_next": b1 * (1 - 0.5 * 0.96 ** ((step + 1) * psi)),
             "bias_correction2": 1 - b2**step,
+            "one_minus_beta1": 1 - b1,  # in double, as torch computes them
+            "one_minus_beta2": 1 - b2,
         }
 
     def advance(self, state, hyper, scalars) -> None:
         state["mu_product"].mul_(scalars["mu"])
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b1, b2 = ctx["betas"]
+        b2 = ctx["betas"][1]
         eps, mu, mu_next, bias2 = ctx["eps"], ctx["mu"], ctx["mu_next"], ctx["bias_correction2"]
         out = []
         for u, m, v, mu_product in zip(updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"]):
-            m.mul_(b1).add_(u * (1 - b1))
-            v.mul_(b2).add_(u * u * (1 - b2))
+            m.lerp_(u, ctx["one_minus_beta1"])
+            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
             denom = (v / bias2).sqrt() + eps
             grad_coef = (1 - mu) / (1 - mu_product)
             momentum_coef = mu_next / (1 - mu_product * mu_next)

@@ -58,7 +58,8 @@ class scale_by_madgrad(Transform):  # noqa: N801
                 "x0": param.detach().to(dtype, copy=True)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {"lamb": lambda_t(hyper, step, self.schedule)}
+        # 1 - momentum in double, as the madgrad package computes it
+        return {"lamb": lambda_t(hyper, step, self.schedule), "one_minus_momentum": 1 - float(hyper["momentum"])}
 
     def _step(self, s: Tensor, nu: Tensor, ctx: Context) -> Tensor:
         """s / d(nu), with d(nu) = nu^(1/3) + eps, or the softplus form (module docstring)."""
@@ -78,7 +79,7 @@ class scale_by_madgrad(Transform):  # noqa: N801
             s.add_(g * lamb)
             after = self._step(s, nu, ctx)
             if momentum:
-                out.append((x0 - after - x.to(g.dtype)) * (1 - ctx["momentum"]))
+                out.append((x0 - after - x.to(g.dtype)) * ctx["one_minus_momentum"])
             else:
                 out.append(before - after)
         return out

@@ -28,15 +28,16 @@ class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
         return {"momentum_buffer": torch.zeros_like(param, dtype=state_dtype(param))}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {"first_step": float(step == 1)}
+        # 1 - dampening in double, as torch computes it
+        return {"first_step": float(step == 1), "one_minus_dampening": 1 - float(hyper["dampening"])}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         if not ctx.active("momentum"):
             return updates
-        mu, dampening, first = ctx["momentum"], ctx["dampening"], ctx["first_step"]
+        mu, undamped, first = ctx["momentum"], ctx["one_minus_dampening"], ctx["first_step"]
         out = []
         for u, b in zip(updates, state["momentum_buffer"]):
-            b.copy_(torch.where(first > 0, u, b * mu + u * (1 - dampening)))
+            b.copy_(torch.where(first > 0, u, b * mu + u * undamped))
             out.append(u + b * mu if ctx["nesterov"] else b)
         return out
 
@@ -51,7 +52,7 @@ class trace_ema(Transform):  # noqa: N801
     hyper = {"momentum": Hyper(0.95, closed_unit_interval), "nesterov": Hyper(True, boolean, static=True)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {"one_minus_momentum": 1 - hyper["momentum"]}  # in double precision, as torch computes it
+        return {"one_minus_momentum": 1 - float(hyper["momentum"])}  # in double precision, as torch computes it
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         mu = ctx["momentum"]

@@ -80,7 +80,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
     def scalars(self, hyper, step: int) -> dict[str, float]:
         # the buffer fed this step (grad_ma on odd steps, neg_grad_ma on even ones) moves by 1 - b1^2,
         # the other by 0, and they combine as (1 + beta0) this - beta0 other: per-step constants, no select
-        b1, b2 = hyper["betas"]
+        b1, b2 = map(float, hyper["betas"])
         beta0 = float(hyper["pnm_momentum_factor"])
         odd = step % 2 == 1
         rate = 1 - b1 * b1
@@ -94,6 +94,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             "pos_coef": (1 + beta0 if odd else -beta0) * scale,
             "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
             "bias2_sqrt": math.sqrt(1 - b2**step),
+            "one_minus_beta2": 1 - b2,  # in double, as the reference
         }
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
@@ -105,7 +106,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             g = u * scale if self.prescaled else self.momentum_input(u)
             fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
             x = self.variance_input(u, g, fed, ctx["fed_rate"])
-            v.mul_(b2).addcmul_(x, x * (1 - b2))
+            v.mul_(b2).addcmul_(x, x * ctx["one_minus_beta2"])
             v_max.copy_(torch.maximum(v_max, v))
             denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
             if ctx["softplus"]:

@@ -33,10 +33,13 @@ class trace_second_moment(Transform):  # noqa: N801
     nonnegative = ("variance_ma",)
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair)}
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"one_minus_beta2": 1 - float(hyper["betas"][1])}  # in double, as the reference
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2 = ctx["betas"][1]
         for u, v in zip(updates, state["variance_ma"]):
-            v.mul_(b2).add_(u * u * (1 - b2))
+            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
         return updates
 
 

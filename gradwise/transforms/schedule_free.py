@@ -43,14 +43,15 @@ class scale_by_rms(Transform):  # noqa: N801
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        return {"bias_correction2": 1 - hyper["betas"][1] ** step}
+        b2 = float(hyper["betas"][1])
+        return {"bias_correction2": 1 - b2**step, "one_minus_beta2": 1 - b2}  # in double, as schedulefree
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2 = ctx["betas"][1]
         eps, bias2 = ctx["eps"], ctx["bias_correction2"]
         out = []
         for u, v in zip(updates, state["exp_avg_sq"]):
-            v.mul_(b2).add_(u * u * (1 - b2))
+            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
             out.append(u / ((v / bias2).sqrt() + eps))
         return out
 

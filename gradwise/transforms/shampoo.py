@@ -90,14 +90,15 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
         return out
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        b1, b2 = hyper["betas"]
-        bg = hyper["grafting_beta2"]
+        b1, b2 = map(float, hyper["betas"])
+        bg = float(hyper["grafting_beta2"])
         frequency = hyper["precondition_frequency"]
         start = hyper["start_preconditioning_step"] or frequency
         correct = hyper["use_bias_correction"]
         return {
             "one_minus_beta1": 1 - b1,
             "one_minus_beta2": 1 - b2,
+            "one_minus_graft_beta2": 1 - bg,
             "sum_factors": float(b2 == 1),
             "inv_bias1": 1 / (1 - b1**step) if correct else 1.0,
             "inv_bias2": 1 / (1 - b2**step) if correct and b2 < 1 else 1.0,
@@ -160,5 +161,5 @@ def _graft(u: Tensor, m: Tensor, v: Tensor, ctx: Context) -> Tensor:
         v.add_(u * u)
     else:
         bg = ctx["grafting_beta2"]
-        v.mul_(bg).add_(u * u * (1 - bg))
+        v.mul_(bg).add_(u * u * ctx["one_minus_graft_beta2"])
     return m_hat / (v.sqrt() * ctx["inv_graft_bias2_sqrt"] + ctx["grafting_epsilon"])

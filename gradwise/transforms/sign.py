@@ -14,10 +14,14 @@ class scale_by_lion(Transform):  # noqa: N801
     state = ("exp_avg",)
     hyper = {"betas": Hyper((0.9, 0.99), betas_pair)}
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        b1, b2 = map(float, hyper["betas"])
+        return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2}  # in double, as lion-pytorch does
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b1, b2 = ctx["betas"]
         out = []
         for u, m in zip(updates, state["exp_avg"]):
-            out.append((m * b1 + u * (1 - b1)).sign())
-            m.mul_(b2).add_(u * (1 - b2))
+            out.append((m * b1 + u * ctx["one_minus_beta1"]).sign())
+            m.mul_(b2).add_(u * ctx["one_minus_beta2"])
         return out
