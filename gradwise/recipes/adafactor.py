@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import chain
 from gradwise.transforms.factored import (
     clip_by_block_rms,
@@ -20,13 +21,12 @@ class Adafactor(Optimizer):
     At step t:  U = g / max(sqrt(V_t), eps1)  (``scale_by_factored_rms``, decay 1 - t^beta2_decay);
     U <- U / max(1, rms(U) / d)  (``clip_by_block_rms``);
     p <- p - min(lr, 1/sqrt(t)) max(eps2, rms(p)) U - lr wd p.
-    ``foreach`` is accepted for compatibility and ignored (the engine picks how to run the step).
+    ``foreach`` is accepted and has no effect (``gradwise.core.torch_flags``).
     """
 
     def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
                  foreach=None, maximize=False, skip_nonfinite=False, compile="auto", state=None):
-        if foreach is not None and not isinstance(foreach, bool):
-            raise TypeError(f"invalid foreach={foreach!r}: expected None, True or False")
+        compile = compile_for_torch_flags("Adafactor", compile, foreach=foreach)
         transform = chain(scale_by_factored_rms(), clip_by_block_rms("d"), scale_by_param_block_rms(),
                           scale_by_relative_step(), add_decayed_weights(after_lr=True))
         super().__init__(params, transform, lr=lr, beta2_decay=beta2_decay, eps=tuple(eps) if isinstance(eps, list)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, trace
 
@@ -11,11 +12,13 @@ class SGD(Optimizer):
 
     g <- g + wd p;  b <- mu b + (1 - dampening) g (b <- g at the first step);
     p <- p - lr (g + mu b)  (nesterov)  or  p <- p - lr b.
+    torch's ``foreach``, ``fused`` and ``differentiable`` as in ``gradwise.core.torch_flags``.
     """
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
-                 param_rounding="nearest"):
+                 maximize=False, foreach=None, differentiable=False, fused=None, skip_nonfinite=False,
+                 compile="auto", state=None, param_rounding="nearest"):
+        compile = compile_for_torch_flags("SGD", compile, foreach=foreach, fused=fused, differentiable=differentiable)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(
                 f"invalid nesterov=True with momentum={momentum!r}, dampening={dampening!r}:"
