@@ -180,14 +180,14 @@ def test_unknown_hyperparameter_to_a_custom_chain():
         gradwise.Optimizer(_params(), "adam")
 
 
-def test_unknown_hyperparameter_in_a_param_group():
+def test_a_param_group_key_one_edit_from_a_hyperparameter_warns_and_is_kept():
     a, b = _params()
-    with pytest.raises(ValueError, match=r"param_groups\[1\] has unknown hyperparameter\(s\) \['lrr'\]; allowed: .*'lr'"):
-        gradwise.AdamW([{"params": [a]}, {"params": [b], "lrr": 0.1}])
-    opt = gradwise.AdamW([a])
-    with pytest.raises(ValueError, match=r"param_groups\[1\] has unknown hyperparameter\(s\) \['momentum'\]"):
-        opt.add_param_group({"params": [b], "momentum": 0.9})
-    assert len(opt.param_groups) == 1
+    with pytest.warns(UserWarning, match=r"param_groups\[1\] has key 'lrr', which AdamW does not read; did you mean 'lr'\?"):
+        opt = gradwise.AdamW([{"params": [a]}, {"params": [b], "lrr": 0.1}])
+    assert opt.param_groups[1]["lrr"] == 0.1 and opt.param_groups[1]["lr"] == opt.defaults["lr"]
+    with pytest.warns(UserWarning, match=r"key 'weight_decy'.*did you mean 'weight_decay'\?"):
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "weight_decy": 0.5})
+    assert len(opt.param_groups) == 3
 
 
 # ----------------------------------------------------------------------------------------- bad parameters

@@ -63,12 +63,15 @@ def boolean(name: str, value: Any) -> None:
         raise TypeError(f"invalid {name}={value!r}: expected True or False")
 
 
-def choice(options: tuple[Any, ...]):
-    """A check that a value is one of ``options``."""
-    def check(name: str, value: Any) -> None:
-        if value not in options:
-            raise ValueError(f"invalid {name}={value!r}: expected one of {list(options)}")
-    return check
+@dataclass(frozen=True)
+class choice:  # noqa: N801 - used like the other checks, a function of (name, value)
+    """A check that a value is one of ``options`` (a class, not a closure, so optimizers pickle)."""
+
+    options: tuple[Any, ...]
+
+    def __call__(self, name: str, value: Any) -> None:
+        if value not in self.options:
+            raise ValueError(f"invalid {name}={value!r}: expected one of {list(self.options)}")
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,24 @@ class Hyper:
 
     def validate(self, name: str, value: Any) -> None:
         self.check(name, value)
+
+
+def likely_misspelling(key: Any, names) -> str | None:
+    """The one of ``names`` that ``key`` is one edit away from (a letter inserted, dropped, changed, or
+    two neighbours swapped: ``weight_decy`` for ``weight_decay``), or None; ``key`` itself and keys of
+    fewer than three letters (too short to tell a typo from a key of the user's own) give None."""
+    if not isinstance(key, str) or len(key) < 3 or key in names:
+        return None
+    return next((name for name in sorted(names) if _one_edit_apart(key, name)), None)
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diffs = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diffs) == 1 or (len(diffs) == 2 and diffs[1] == diffs[0] + 1
+                                   and a[diffs[0]] == b[diffs[1]] and a[diffs[1]] == b[diffs[0]])
+    short, long = sorted((a, b), key=len)
+    i = next((j for j, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i:] == long[i + 1:]

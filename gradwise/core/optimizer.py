@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
-from gradwise.core.hyper import Hyper, boolean
+from gradwise.core.hyper import Hyper, boolean, likely_misspelling
 from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
 from gradwise.core.rounding import check_rounding, rounds_stochastically
 from gradwise.core.transform import Transform, chain, state_dtype, uses
@@ -28,6 +28,8 @@ from gradwise.state.store import has_buffer, seed
 
 #: param-group keys that are not hyperparameters but that torch itself puts in groups.
 _BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
+#: attributes a copy rebuilds instead of copying (compiled graphs, caches)
+_REBUILT = ("_compiled", "_positions")
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
 AUTO_COMPILE_MIN_NUMEL = 1 << 20
 
@@ -114,21 +116,50 @@ class Optimizer(torch.optim.Optimizer):
         self.register_state_dict_post_hook(_save_counters)
         self.register_load_state_dict_pre_hook(_load_counters)
 
+    # ----------------------------------------------------------------- copies
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``copy.deepcopy`` and ``pickle`` keep: torch's defaults, state and param groups, and all
+        that makes this optimizer step as it does (transform, hyper_specs, mode, skipped_steps, compile,
+        a recipe's own settings). Left behind, as torch leaves them: the hooks (ours are registered
+        again); and what is rebuilt on first use: compiled graphs and cached positions."""
+        kept = {k: v for k, v in self.__dict__.items() if k not in _REBUILT and not k.startswith("_optimizer_")}
+        kept["_encoded"] = self._encoded.policy
+        return kept
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "transform" not in state:  # torch's load_state_dict puts state and param_groups back through here
+            super().__setstate__(state)
+            return
+        state = dict(state)
+        policy = state.pop("_encoded")
+        had_flag = "differentiable" in state["defaults"]
+        super().__setstate__(state)
+        if not had_flag:  # torch's __setstate__ adds it to defaults; gradwise has no such hyperparameter
+            self.defaults.pop("differentiable", None)
+        self._compiled = {}
+        self._encoded = EncodedState(policy, self.transform)
+        self.register_state_dict_post_hook(_save_counters)
+        self.register_load_state_dict_pre_hook(_load_counters)
+
     # ----------------------------------------------------------------- groups and validation
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         index = len(getattr(self, "param_groups", []))
         check_new_group(param_group, index)
-        unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in _BOOKKEEPING_KEYS)
-        if unknown:
-            raise ValueError(
-                f"param_groups[{index}] has unknown hyperparameter(s) {unknown}; allowed: {sorted(self.hyper_specs)}"
-            )
+        # keys of the user's own (layer_id, timm's lr_scale) stay in the group, as torch keeps them;
+        # one that looks like a misspelt hyperparameter gets a warning
+        for key in param_group:
+            likely = likely_misspelling(key, self.hyper_specs) if key not in _BOOKKEEPING_KEYS else None
+            if likely is not None:
+                warnings.warn(f"param_groups[{index}] has key {key!r}, which {type(self).__name__} does not read;"
+                              f" did you mean {likely!r}? (the group keeps {key!r} as it is)", stacklevel=3)
         for key in self.hyper_specs:
             if key in param_group:
                 self.hyper_specs[key].validate(key, param_group[key])
         check_disjoint(param_group, index, getattr(self, "param_groups", []))
         for group in self.transform.split_group(param_group):  # one group, or one per route
             super().add_param_group(group)
+            for key, spec in self.hyper_specs.items():  # a hyperparameter a recipe keeps out of its defaults
+                self.param_groups[-1].setdefault(key, spec.default)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

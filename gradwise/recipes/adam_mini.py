@@ -1,6 +1,7 @@
 """Adam-mini, with the partition of the authors' adam-mini where parameters are named."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -21,6 +22,32 @@ NO_DECAY = ("norm", "ln", "bias")
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ByName:
+    """AdamMini's default rule (see there): a block per head of ``head_numel`` elements for queries and
+    keys, per row for the matrices named in ``ROWS``, per element for biases; by shape otherwise.
+    A class rather than a closure, so the optimizer pickles."""
+
+    head_numel: int
+
+    def __call__(self, name: str | None, param: Tensor) -> Any:
+        if name is None:
+            return by_shape(name, param)
+        name = name.lower()
+        if "bias" in name:
+            return "element"
+        if any(word in name for word in QUERY_KEY):
+            return self.head_numel
+        if param.dim() >= 2 and any(word in name for word in ROWS):
+            return "row"
+        return by_shape(name, param)
+
+
+def no_decay(name: str) -> bool:
+    """Whether AdamMini leaves the named parameter undecayed (``NO_DECAY``), as adam-mini does."""
+    return any(word in name.lower() for word in NO_DECAY)
 
 
 class AdamMini(Optimizer):
@@ -51,20 +78,7 @@ class AdamMini(Optimizer):
             raise ValueError(f"invalid n_heads={n_heads!r}: dim * dim = {dim * dim} must divide into n_heads blocks")
         self.dim, self.n_heads, self.n_kv_heads = dim, n_heads, n_kv_heads or n_heads
         head_numel = dim * dim // n_heads
-
-        def by_name(name: str | None, param: Tensor) -> Any:
-            if name is None:
-                return by_shape(name, param)
-            name = name.lower()
-            if "bias" in name:
-                return "element"
-            if any(word in name for word in QUERY_KEY):
-                return head_numel
-            if param.dim() >= 2 and any(word in name for word in ROWS):
-                return "row"
-            return by_shape(name, param)
-
-        adam_mini = scale_by_adam_mini(rule or by_name, no_decay=lambda name: any(w in name.lower() for w in NO_DECAY))
+        adam_mini = scale_by_adam_mini(rule or ByName(head_numel), no_decay=no_decay)
         super().__init__(named_parameters, chain(adam_mini, add_decayed_weights(), scale_by_learning_rate()),
                          lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
                          skip_nonfinite=skip_nonfinite, compile=compile, state=state)

@@ -26,6 +26,7 @@ class Muon(Optimizer):
     O <- NS_5(U) (quintic Newton-Schulz in ``ns_dtype``, same-shaped matrices batched);
     W <- W - lr (s O + wd W), with s = sqrt(max(1, A/B)) for an A x B matrix (``adjust_lr_fn``).
     Others: AdamW with ``adamw_lr`` and ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
+    LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle ``momentum``, as for torch.optim.Muon.
     ``state``: the storage of the momentum buffer and AdamW's moments (``"bf16"``, ``"int8"``, ...),
     as for AdamW; each parameter is decoded, stepped by its route's chain and encoded again.
     """
@@ -47,3 +48,7 @@ class Muon(Optimizer):
         )
         super().__init__(params, transform, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          state=state)
+        # torch's schedulers cycle defaults' "betas" if it is there, else "momentum": with the AdamW
+        # route's betas (which live in its own groups) out of the defaults, they cycle the matrices'
+        # momentum, as they do torch.optim.Muon's
+        del self.defaults["betas"]
