@@ -127,15 +127,14 @@ class Optimizer(torch.optim.Optimizer):
         return kept
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if "transform" not in state:  # torch's load_state_dict puts state and param_groups back through here
-            super().__setstate__(state)
-            return
         state = dict(state)
-        policy = state.pop("_encoded")
-        had_flag = "differentiable" in state["defaults"]
-        super().__setstate__(state)
+        policy = state.pop("_encoded", None)
+        had_flag = "differentiable" in (state.get("defaults") or self.__dict__.get("defaults", {}))
+        super().__setstate__(state)  # torch's load_state_dict puts state and param_groups back through here too
         if not had_flag:  # torch's __setstate__ adds it to defaults; gradwise has no such hyperparameter
             self.defaults.pop("differentiable", None)
+        if "transform" not in state:
+            return
         self._compiled = {}
         self._encoded = EncodedState(policy, self.transform)
         self.register_state_dict_post_hook(_save_counters)

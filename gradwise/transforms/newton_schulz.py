@@ -44,13 +44,16 @@ def _adjust_lr_fn(name: str, value: Any) -> None:
 def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: Any) -> Tensor:
     """Orthogonalize a stack of matrices ``x`` of shape (k, rows, cols) with rows <= cols:
     X <- X / max(||X||_F, eps), then ``steps`` times X <- a X + (b A + c A^2) X with A = X X^T.
-    Each iteration is three batched matmuls over the whole stack."""
+    Each iteration is three batched matmuls over the whole stack; a stack of one runs torch.optim.Muon's
+    2-D kernels (addmm), whose bfloat16 results can differ from the batched ones in the last bit."""
     a, b, c = coefficients
     x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    lone = x.shape[0] == 1
+    x, multiply_add = (x[0], torch.addmm) if lone else (x, torch.baddbmm)
     for _ in range(steps):
         gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x
+        x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x[None] if lone else x
 
 
 class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
