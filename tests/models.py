@@ -1,6 +1,8 @@
 """Small parameter sets shared by the tests: a bag of tensors of varied shapes and a small MLP."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -32,3 +34,14 @@ def train_regression(model: nn.Module, optimizer, start: int, stop: int, dtype: 
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch keeps its scalar state (NAdam's mu_product) in the default dtype: float64 runs get float64."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from torch import nn
 from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
 
 import gradwise
-from tests.models import regression_batch
+from tests.models import default_dtype, regression_batch
 
 pytest.importorskip("expecttest")  # torch.testing._internal imports it
 from torch.testing._internal.common_optimizers import (  # noqa: E402
@@ -35,17 +34,6 @@ COUNTERPARTS = {torch.optim.SGD: gradwise.SGD, torch.optim.Adam: gradwise.Adam, 
 UNSUPPORTED = {"differentiable": "gradwise steps under torch.no_grad and updates parameters and state in place"}
 STEPS = 20
 TOLERANCES = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-6)}
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype):
-    """torch keeps its scalar state (NAdam's mu_product) in the default dtype: float64 runs get float64."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 @pytest.fixture(scope="module", autouse=True)
