@@ -76,11 +76,11 @@ class Store:
         self.storage = self._connect(self.url, kwargs)
 
     def _connect(self, url: str, kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
-        for attempt in range(3):  # workers starting together on an empty database race to create the tables
+        for attempt in range(3):  # workers starting together on an empty server database race to create tables
             try:
                 return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
             except Exception as error:  # noqa: BLE001 - SQLAlchemy and Optuna raise many kinds; say which store
-                if attempt == 2:
+                if attempt == 2 or isinstance(error, sqlalchemy.exc.ArgumentError):  # a bad URL: no retry
                     raise ValueError(f"cannot open store {url!r}: {type(error).__name__}: {error}") from error
                 time.sleep(1.0)
         raise AssertionError("unreachable")

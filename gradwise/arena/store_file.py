@@ -66,7 +66,8 @@ def check_store_file(path: Path) -> None:
 def _unmarked_store(path: Path) -> bool:
     """Whether ``path`` is a store made before the mark: Optuna's tables only, and a study with a ``spec``."""
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # immutable: SQLite takes no lock and writes no journal, WAL or shared-memory file beside it
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
         try:
             tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
             if not tables or not tables <= OPTUNA_TABLES:
@@ -118,9 +119,9 @@ def _create(path: Path, create_tables) -> None:
 
 
 def _remove_abandoned_builds(path: Path) -> None:
-    """Remove the temporary files of store builds whose process (on this host) is gone."""
-    for tmp in path.parent.glob(f".{path.name}.*{CREATING}"):
-        pid = tmp.name.removeprefix(f".{path.name}.").removesuffix(CREATING)
+    """Remove the files of store builds whose process (on this host) is gone."""
+    for tmp in path.parent.glob(f".{path.name}.*{CREATING}*"):  # with its journal, if a kill left one
+        pid = tmp.name.removeprefix(f".{path.name}.").partition(CREATING)[0]
         if pid.isdigit() and not alive(int(pid)):
             tmp.unlink(missing_ok=True)
 
