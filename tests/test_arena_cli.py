@@ -186,7 +186,8 @@ def test_corrupt_store_through_the_cli(tmp_path, capsys):
     bad = tmp_path / "bad.db"
     bad.write_text("garbage" * 50)
     assert cli.main(["arena", "score", "--storage", str(bad)]) == 2
-    assert "corrupt store" in capsys.readouterr().err and bad.read_text() == "garbage" * 50
+    assert "is not an arena store (not a SQLite database)" in capsys.readouterr().err
+    assert bad.read_text() == "garbage" * 50
     missing = tmp_path / "missing.db"
     assert cli.main(["arena", "report", "--storage", str(missing)]) == 2
     assert f"no store at '{missing}'" in capsys.readouterr().err and not missing.exists()

@@ -67,3 +67,33 @@ def test_two_workers_record_every_trial_exactly_once():
         assert s["trials"] == 6 and s["pending"] == 0, s["name"]
         assert [r["index"] for r in s["records"]] == list(range(6))
     assert sorted(ran[0] + ran[1]) == sorted((s["name"], i) for s in studies for i in range(6))
+
+
+def test_a_half_prepared_study_is_finished_and_one_study_can_be_deleted():
+    """A preparer killed after creating its study (no spec, no trials) on PostgreSQL: the next prepare, under
+    the advisory lock, finishes it; delete_study removes that study only."""
+    problem = _server_reachable()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run this test: no PostgreSQL at {URL} ({problem}); see .ci/postgres.sh")
+        pytest.skip(f"no PostgreSQL server reachable at {URL} ({problem}); run .ci/postgres.sh as root")
+    import optuna
+
+    from gradwise.arena.rulesets import Entry, plan
+    from gradwise.arena.store import PREPARED, Store
+
+    store = Store(URL)
+    first, second = plan(Entry("sgd", "SGD", space={"lr": {"min": 1e-3, "max": 1e-1, "scaling": "log"}}),
+                         "lstsq_ill_conditioned", studies=2, trials=3, suite=f"pg-{uuid.uuid4().hex[:8]}")
+    store.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], first.name)  # then the kill
+    for p in (first, second):
+        store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
+    study_id = store.storage.get_study_id_from_name(first.name)
+    assert store.storage.get_study_system_attrs(study_id)[PREPARED] == 3
+    trials = store.storage.get_all_trials(study_id, deepcopy=False)
+    assert sorted((t.user_attrs["index"], t.user_attrs["hyperparameters"] == first.points[t.user_attrs["index"]])
+                  for t in trials) == [(0, True), (1, True), (2, True)]
+    assert store.delete_study(first.name) == 3
+    names = {s.study_name for s in store.storage.get_all_studies()}
+    assert first.name not in names and second.name in names
+    store.delete_study(second.name)

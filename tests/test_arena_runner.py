@@ -1,7 +1,9 @@
-"""The arena's trial runner: peak resident memory is measured per trial, not per process."""
+"""The arena's trial runner: peak resident memory is measured per trial, not per process; the clock counts
+training only, never evaluation."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 import torch
@@ -44,3 +46,42 @@ def test_peak_memory_is_per_trial_in_one_process():
     assert big["peak_rss_mb"] - small["peak_rss_mb"] > 0.8 * BIG / 2**20
     assert big["peak_rss_mb"] - big["rss_start_mb"] > 0.8 * BIG / 2**20
     assert small["peak_rss_mb"] - small["rss_start_mb"] < 0.2 * BIG / 2**20
+
+
+class SlowEvalLstsq(LstsqIllConditioned):
+    """Evaluates every 2 steps, and each evaluation also burns CPU for EVAL_S seconds; it stamps its own start
+    and end on the wall clock and the process CPU clock, the clocks the runner times training with."""
+
+    eval_every = 2
+    EVAL_S = 0.03
+
+    def __init__(self):
+        super().__init__()
+        self.stamps: list[tuple[float, float, float, float]] = []  # wall start, wall end, cpu start, cpu end
+
+    def evaluate(self, model):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = super().evaluate(model)
+        while time.perf_counter() < wall + self.EVAL_S:
+            sum(range(1000))
+        self.stamps.append((wall, time.perf_counter(), cpu, time.process_time()))
+        return result
+
+
+def test_evaluation_is_not_counted_in_the_training_time():
+    """Between two evaluations the clock may only advance by time spent outside both of them: each clock's
+    advance is at most the gap between the end of one evaluation and the start of the next, as both clocks
+    measured it (no threshold: the inequalities hold however loaded the machine is, and any evaluation time
+    added to the clock breaks them by that evaluation's own duration)."""
+    workload = SlowEvalLstsq()
+    workload.data()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    record = run_trial(workload, "SGD", {"lr": 0.1}, seed=0, target=float("-inf"), max_steps=6, max_runtime=60.0)
+    curve, stamps = record["curve"], workload.stamps
+    assert [p["step"] for p in curve] == [2, 4, 6] and len(stamps) == 3
+    starts = [(wall0, cpu0)] + [(s[1], s[3]) for s in stamps]  # where each clock may start advancing again
+    for point, (wall_free, cpu_free), previous, stamp in zip(curve, starts, [{"time": 0.0, "cpu_time": 0.0}]
+                                                              + curve, stamps):
+        assert point["time"] - previous["time"] <= stamp[0] - wall_free + 1e-9, point
+        assert point["cpu_time"] - previous["cpu_time"] <= stamp[2] - cpu_free + 1e-9, point
+    assert record["train_time"] == curve[-1]["time"] and record["cpu_time"] == curve[-1]["cpu_time"]

@@ -92,7 +92,7 @@ def test_killed_run_resumes_to_the_same_results(tmp_path):
 def test_corrupt_store_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "broken.db"
     path.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(ValueError, match=r"corrupt store .*broken\.db.*not a SQLite database"):
+    with pytest.raises(ValueError, match=r"broken\.db.* is not an arena store \(not a SQLite database\)"):
         Store(str(path))
     assert path.read_bytes() == b"this is not a database" * 100
 

@@ -26,7 +26,7 @@ def _positive(kind):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list}")
+    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list,delete-study}")
     run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)")
     run.add_argument("--suite", choices=["quick", "full"], default="quick")
     run.add_argument("--workloads", help="comma-separated workloads (default: the suite's)")
@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
     commands.add_parser("list", help="workloads, optimizers and self-tuning defaults")
+    delete = commands.add_parser("delete-study", help="delete one study and its trials from a store; the next"
+                                 " run that plans it prepares and runs it afresh")
+    delete.add_argument("study", help="the study's name, e.g. quick/self/AdamW/digits_cnn/study0")
+    delete.add_argument("--storage", default=DEFAULT_STORAGE, help=f"the store (default {DEFAULT_STORAGE})")
 
 
 def _common(parser: argparse.ArgumentParser, suite: bool = True) -> None:
@@ -217,13 +221,19 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_delete_study(args) -> int:
+    trials = _open(args.storage, create=False).delete_study(args.study)
+    print(f"deleted study {args.study!r} ({trials} trial(s)) from {args.storage}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targets": cmd_set_targets,
-            "list": cmd_list}
+            "list": cmd_list, "delete-study": cmd_delete_study}
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
     if args.arena_command is None:
-        parser.error("missing arena command: choose from run, score, report, set-targets, list")
+        parser.error("missing arena command: choose from run, score, report, set-targets, list, delete-study")
     try:
         return COMMANDS[args.arena_command](args)
     except ValueError as error:

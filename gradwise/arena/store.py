@@ -8,6 +8,12 @@ same trial), runs it, and ``finish``es it: the record goes into a user attribute
 the value and COMPLETE. A trial is done only once COMPLETE: a process killed mid-trial leaves it RUNNING,
 and the next run on that host puts it back in the queue (``recover``), so a resumed run ends with the same
 trials, hyperparameters and seeds as an uninterrupted one.
+
+Preparation resumes too: a study whose preparer was killed before marking it prepared is finished by the next
+``prepare`` (each enqueued trial is one transaction that carries its index, so only the missing indices are
+enqueued). Preparers take a lock (``flock`` on a SQLite file, an advisory lock on PostgreSQL), so two of them
+never enqueue the same index. A SQLite store must be a file gradwise created (see ``store_file``); any other
+file is refused unchanged.
 """
 from __future__ import annotations
 
@@ -15,22 +21,26 @@ import json
 import math
 import os
 import platform
-import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import optuna
+import sqlalchemy
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.trial import TrialState
+
+from gradwise.arena.store_file import alive, file_lock, open_store_file
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 PREPARED = "gradwise:prepared"
 UNOWNED_GRACE_S = 60.0
 CLAIMER = "claimer:"  # user attribute prefix: "claimer:<host>:<pid>" marks a process that tried to claim
+PREPARE_LOCK = 0x67726164  # the PostgreSQL advisory lock key preparers share
 
 
 def storage_url(storage: str) -> str:
@@ -41,17 +51,6 @@ def storage_url(storage: str) -> str:
     if "://" in storage:
         return storage
     return f"sqlite:///{Path(storage).resolve()}"
-
-
-def _check_sqlite_file(path: Path) -> None:
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            db.execute("select name from sqlite_master limit 1").fetchall()
-    except sqlite3.DatabaseError as error:
-        raise ValueError(f"corrupt store {str(path)!r}: not a SQLite database ({error}); move it away or pass"
-                         " another --storage") from error
 
 
 @dataclass
@@ -69,36 +68,62 @@ class Claimed:
 class Store:
     def __init__(self, storage: str):
         self.url = storage_url(storage)
+        self.path = Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
         kwargs: dict[str, Any] = {}
-        if self.url.startswith("sqlite:///"):
-            _check_sqlite_file(Path(self.url.removeprefix("sqlite:///")))
+        if self.path is not None:
+            open_store_file(self.path, lambda tmp: self._connect(f"sqlite:///{tmp}", kwargs).engine.dispose())
             kwargs = {"connect_args": {"timeout": 120}}
-        for attempt in range(3):  # workers starting together on an empty database race to create the tables
+        self.storage = self._connect(self.url, kwargs)
+
+    def _connect(self, url: str, kwargs: dict[str, Any]) -> optuna.storages.RDBStorage:
+        for attempt in range(3):  # workers starting together on an empty server database race to create tables
             try:
-                self.storage = optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs)
-                break
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
             except Exception as error:  # noqa: BLE001 - SQLAlchemy and Optuna raise many kinds; say which store
-                if attempt == 2:
-                    raise ValueError(f"cannot open store {self.url!r}: {type(error).__name__}: {error}") from error
+                if attempt == 2 or isinstance(error, sqlalchemy.exc.ArgumentError):  # a bad URL: no retry
+                    raise ValueError(f"cannot open store {url!r}: {type(error).__name__}: {error}") from error
                 time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def _preparing(self) -> Iterator[None]:
+        """Held while preparing or deleting studies: one process at a time per store."""
+        if self.path is not None:
+            with file_lock(self.path):
+                yield
+        elif self.storage.engine.dialect.name == "postgresql":
+            with self.storage.engine.connect() as connection:
+                connection.execute(sqlalchemy.text("select pg_advisory_lock(:key)"), {"key": PREPARE_LOCK})
+                try:
+                    yield
+                finally:
+                    connection.execute(sqlalchemy.text("select pg_advisory_unlock(:key)"), {"key": PREPARE_LOCK})
+        else:
+            yield
 
     # -- studies --------------------------------------------------------------------------------------
     def prepare(self, name: str, spec: dict[str, Any], points: list[dict[str, Any]], seeds: list[int],
                 distributions: dict[str, BaseDistribution] | None = None) -> None:
         """Create study ``name`` with ``spec`` and enqueue one trial per point, unless it exists with the same
-        spec (a resumed run). Another worker creating it at the same time waits until it is prepared."""
-        try:
-            study_id = self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
-        except optuna.exceptions.DuplicatedStudyError:
-            study_id = self.storage.get_study_id_from_name(name)
-            stored = self.storage.get_study_user_attrs(study_id).get("spec")
-            if stored is not None and stored != json.loads(json.dumps(spec)):
-                raise ValueError(f"store {self.url!r} already holds study {name!r} with another spec: stored"
-                                 f" {stored}, now {spec}; use another --storage or the same settings") from None
-            self._wait_prepared(study_id)
-            return
-        self.storage.set_study_user_attr(study_id, "spec", spec)
-        self._enqueue(study_id, name, points, seeds, distributions)
+        spec (a resumed run); a study whose preparation was cut short is finished. Another worker preparing it
+        at the same time waits for the lock, then finds it prepared."""
+        spec = json.loads(json.dumps(spec))
+        with self._preparing():
+            try:
+                study_id = self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
+                stored = None
+            except optuna.exceptions.DuplicatedStudyError:
+                study_id = self.storage.get_study_id_from_name(name)
+                stored = self.storage.get_study_user_attrs(study_id).get("spec")
+                if stored is not None and stored != spec:
+                    raise ValueError(f"store {self.url!r} already holds study {name!r} with another spec: stored"
+                                     f" {stored}, now {spec}; use another --storage, the same settings, or"
+                                     f" 'gradwise arena delete-study {name}'") from None
+                if PREPARED in self.storage.get_study_system_attrs(study_id):
+                    return
+            if stored is None:
+                self.storage.set_study_user_attr(study_id, "spec", spec)
+            self._enqueue(study_id, name, points, seeds, distributions)
 
     def _enqueue(self, study_id: int, name: str, points, seeds, distributions) -> None:
         study = optuna.load_study(study_name=name, storage=self.storage)
@@ -112,13 +137,19 @@ class Store:
                 study_id, "distributions", {k: distribution_to_json(d) for k, d in distributions.items()})
         self.storage.set_study_system_attr(study_id, PREPARED, len(points))
 
-    def _wait_prepared(self, study_id: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while PREPARED not in self.storage.get_study_system_attrs(study_id):
-            if time.monotonic() > deadline:
-                raise ValueError(f"study {self.storage.get_study_name_from_id(study_id)!r} in {self.url!r} was"
-                                 " created but never prepared (its creator died?): delete it and run again")
-            time.sleep(0.2)
+    def delete_study(self, name: str) -> int:
+        """Delete study ``name`` and its trials (one transaction); returns how many trials it held. The next run
+        that plans it prepares it afresh."""
+        names = sorted(s.study_name for s in self.storage.get_all_studies())
+        if name not in names:
+            shown = ", ".join(repr(n) for n in names[:20]) + (f" and {len(names) - 20} more" if names[20:] else "")
+            raise ValueError(f"invalid study {name!r}: store {self.url!r} holds no such study; its studies:"
+                             f" {shown or 'none'}")
+        with self._preparing():
+            study_id = self.storage.get_study_id_from_name(name)
+            trials = len(self.storage.get_all_trials(study_id, deepcopy=False))
+            self.storage.delete_study(study_id)
+        return trials
 
     # -- trials ---------------------------------------------------------------------------------------
     def recover(self, name: str) -> int:
@@ -195,14 +226,4 @@ class Store:
 def _dead_here(worker: str) -> bool:
     """Whether ``worker`` ("<host>:<pid>") is a process on this host that no longer exists."""
     host, _, pid = str(worker).rpartition(":")
-    return host == platform.node() and pid.isdigit() and not _alive(int(pid))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return host == platform.node() and pid.isdigit() and not alive(int(pid))
