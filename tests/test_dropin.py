@@ -112,6 +112,18 @@ def test_amsgrad_is_a_param_group_entry_as_in_torch():
     assert "adam.max_exp_avg_sq" not in optimizer.state[a] and "adam.max_exp_avg_sq" in optimizer.state[b]
 
 
+def test_amsgrad_maximum_is_encoded_and_converted_like_the_other_moments():
+    p = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    encoded = gradwise.AdamW([p], amsgrad=True, state="int8", compile=False)
+    steps(encoded, [p], 2)
+    assert any(k.startswith("adam.max_exp_avg_sq@int8") for k in encoded.state[p])
+    plain = gradwise.AdamW([torch.zeros(64, 64, requires_grad=True)], amsgrad=True, compile=False)
+    with pytest.warns(UserWarning, match=r"converted 3 state buffer\(s\)"):
+        plain.load_state_dict(copy.deepcopy(encoded.state_dict()))
+    assert sorted(plain.state[plain.param_groups[0]["params"][0]]) == [
+        "adam.exp_avg", "adam.exp_avg_sq", "adam.max_exp_avg_sq", "step"]
+
+
 # ----------------------------------------------------------------------------- copies
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

@@ -21,21 +21,27 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
     The bias corrections enter as reciprocals computed once per step, so the fused loop holds one
     square root and one division per element; 1 - b1 and 1 - b2 are computed in double precision,
     as torch does (in float32, 1 - 0.999 is 1.3e-5 off). ``amsgrad`` is a param-group entry, as in
-    torch: a group with ``amsgrad=True`` runs ``scale_by_amsgrad``, which keeps ``max_exp_avg_sq``.
+    torch; ``max_exp_avg_sq`` is kept for the groups that set it (their ``for_group`` is this transform,
+    the others' a copy without that buffer).
     """
 
     name = "adam"
-    state = ("exp_avg", "exp_avg_sq")
+    state = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     nonnegative = ("exp_avg_sq", "max_exp_avg_sq")
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive),
              "amsgrad": Hyper(False, boolean, static=True)}
 
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        keys = self.state if group.get("amsgrad", False) else ("exp_avg", "exp_avg_sq")
+        return {k: torch.zeros_like(param, dtype=state_dtype(param), memory_format=torch.preserve_format)
+                for k in keys}
+
     def for_group(self, group) -> Transform:
-        if not group.get("amsgrad", False):
+        if group.get("amsgrad", False):
             return self
-        if "_amsgrad" not in self.__dict__:
-            self._amsgrad = scale_by_amsgrad()
-        return self._amsgrad
+        if "_without_max" not in self.__dict__:
+            self._without_max = _adam_without_max()
+        return self._without_max
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         b1, b2 = map(float, hyper["betas"])
@@ -56,14 +62,16 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
         return out
 
 
-class scale_by_amsgrad(scale_by_adam):  # noqa: N801
-    """``scale_by_adam`` with AMSGrad's running maximum of v, ``max_exp_avg_sq`` (see there); what a
-    param group with ``amsgrad=True`` runs."""
+class _adam_without_max(scale_by_adam):  # noqa: N801
+    """``scale_by_adam`` for param groups without ``amsgrad``: no ``max_exp_avg_sq``."""
 
-    state = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    state = ("exp_avg", "exp_avg_sq")
 
     def for_group(self, group) -> Transform:
         return self
+
+    def __repr__(self) -> str:
+        return "scale_by_adam()"
 
 
 class scale_by_nadam(Transform):  # noqa: N801
