@@ -46,7 +46,8 @@ class Ranger21(Optimizer):
     warmup by Agarwal et al.'s fractal Chebyshev steps, one per epoch (``num_epochs - 2`` of them);
     ``lookahead_load_at_validation`` makes ``optimizer.eval()`` put the slow weights in the model
     and ``optimizer.train()`` the fast ones back. Not supported (they raise): a ``momentum_type``
-    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear".
+    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear",
+    ``param_rounding="stochastic"`` (the prologue's shrink writes each parameter rounded to nearest).
     """
 
     state_refusal = ("its step() shapes every gradient and reads its moments by name before the chain runs,"
@@ -61,7 +62,7 @@ class Ranger21(Optimizer):
                  num_warmup_iterations=None, warmdown_active=True, warmdown_start_pct=0.72, warmdown_min_lr=3e-5,
                  weight_decay=1e-4, decay_type="stable", warmup_type="linear", warmup_pct_default=0.22,
                  logging_active=False, *, num_iterations=None, maximize=False, skip_nonfinite=False,
-                 compile="auto"):
+                 compile="auto", param_rounding="nearest"):
         for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
                                      ("warmup_type", warmup_type, "linear")):
             if value != allowed:
@@ -109,7 +110,12 @@ class Ranger21(Optimizer):
                              norm_loss=normloss_active)
         self._shaped: dict[torch.Tensor, torch.Tensor] = {}  # the prologue's g', one scratch tensor per parameter
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-                         **hyper)
+                         param_rounding=param_rounding, **hyper)
+        if any(group["param_rounding"] == "stochastic" for group in self.param_groups):
+            raise ValueError("invalid param_rounding='stochastic' for Ranger21: its prologue shrinks each parameter"
+                             " in place before the chain (stable weight decay and norm loss), a write that stochastic"
+                             " rounding does not cover, so a bfloat16 parameter would lose it; keep float32"
+                             " parameters, or param_rounding='nearest'")
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -27,7 +27,8 @@ class Shampoo(Optimizer):
                  max_preconditioner_dim=8192, precondition_frequency=100, start_preconditioning_step=None,
                  use_decoupled_weight_decay=True, grafting="adam", grafting_beta2=0.999, grafting_epsilon=1e-8,
                  use_bias_correction=True, preconditioner_dtype=torch.float32, batch_blocks=True, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         if not isinstance(use_decoupled_weight_decay, bool):
             raise TypeError(f"invalid use_decoupled_weight_decay={use_decoupled_weight_decay!r}: expected True or False")
         self._shampoo = scale_by_shampoo()
@@ -39,7 +40,7 @@ class Shampoo(Optimizer):
             grafting=grafting, grafting_beta2=grafting_beta2, grafting_epsilon=grafting_epsilon,
             use_bias_correction=use_bias_correction, preconditioner_dtype=preconditioner_dtype,
             batch_blocks=batch_blocks, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-            state=state)
+            state=state, param_rounding=param_rounding)
 
     @property
     def eigh_failures(self) -> int:
