@@ -20,7 +20,9 @@ class Shampoo(Optimizer):
     See ``scale_by_shampoo`` for the update. Parameters of fewer than two dimensions take the grafting
     method's step; ``start_preconditioning_step=math.inf`` gives the grafting method alone (Adam
     grafting is then AdamW, AdaGrad grafting with betas[0]=0 torch.optim.Adagrad, and so on).
-    ``eigh_failures`` counts the factors whose eigendecomposition failed and kept their old root.
+    ``eigh_failures`` counts the factors whose eigendecomposition failed and kept their old root;
+    ``skipped_factor_updates`` the factor updates skipped because they would have made a factor NaN
+    or inf (a gradient entry of 1e30 squares past float32), each with a warning.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=1e-5,
@@ -45,3 +47,8 @@ class Shampoo(Optimizer):
     @property
     def eigh_failures(self) -> int:
         return self._shampoo.eigh_failures
+
+    @property
+    def skipped_factor_updates(self) -> int:
+        """Factor updates skipped because they would have made a factor NaN or inf."""
+        return self._shampoo.factor_skips.total
