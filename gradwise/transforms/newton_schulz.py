@@ -44,7 +44,9 @@ def _adjust_lr_fn(name: str, value: Any) -> None:
 def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: Any) -> Tensor:
     """Orthogonalize a stack of matrices ``x`` of shape (k, rows, cols) with rows <= cols:
     X <- X / max(||X||_F, eps), then ``steps`` times X <- a X + (b A + c A^2) X with A = X X^T.
-    Each iteration is three batched matmuls over the whole stack."""
+    Each iteration is three batched matmuls over the whole stack. A stack of one matrix gives
+    torch.optim.Muon's bfloat16 result bit for bit; in a larger stack ``baddbmm`` rounds differently
+    from torch's per-matrix ``addmm`` for a few small matrices in a hundred (see README, Muon)."""
     a, b, c = coefficients
     x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
