@@ -194,7 +194,7 @@ class Ranger21(Optimizer):
     def _refuse_nonfinite(self, added, sums) -> None:
         """Raise for the first parameter whose second-moment sum is not finite, after removing the state
         this step created: parameters and state are left as they were."""
-        bad = next(i for i, value in enumerate(sums) if not math.isfinite(value))
+        bad = next((i for i, value in enumerate(sums) if not math.isfinite(value)), 0)
         for p, fresh, new_sum, _, _ in added:
             if fresh:
                 del self.state[p]
