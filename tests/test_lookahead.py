@@ -78,3 +78,38 @@ def test_wrapping_a_stepped_optimizer_is_refused():
         gradwise.Lookahead(inner)
     with pytest.raises(TypeError, match="gradwise Optimizer"):
         gradwise.Lookahead(torch.optim.AdamW([p]))
+
+
+@pytest.mark.parametrize("recipe, kwargs", [(gradwise.LOMO, dict(lr=0.05, weight_decay=0.01)),
+                                            (gradwise.AdaLomo, dict(lr=0.01))], ids=["LOMO", "AdaLomo"])
+def test_lookahead_around_an_update_in_backward_matches_the_paper(recipe, kwargs):
+    """The inner optimizer's backward hooks move to the Lookahead optimizer, so the slow weights are
+    taken inside backward too; the reference wraps the same recipe stepping after backward."""
+    ours = run_mlp(lambda p: gradwise.Lookahead(recipe(p, compile=False, **kwargs), k=3, alpha=0.5),
+                   torch.float64, 12)
+    theirs = run_mlp(lambda p: ReferenceLookahead(recipe(p, compile=False, fused_backward=False, **kwargs), 3, 0.5),
+                     torch.float64, 12)
+    assert_trajectories_close(ours, theirs, torch.float64)
+
+
+def test_lookahead_takes_over_hooks_installed_by_hand():
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    inner = gradwise.SGD([p], lr=0.1, compile=False)
+    gradwise.fused_backward(inner)
+    wrapped = gradwise.Lookahead(inner, k=2, alpha=0.5)
+    for _ in range(2):
+        (p * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum().backward()
+    # two SGD steps of -0.1 g, then half way back: 1 - 0.1 g
+    torch.testing.assert_close(p.detach(), torch.tensor([0.9, 0.8, 0.7], dtype=torch.float64))
+    assert p.grad is None and int(wrapped.state[p]["step"]) == 2
+    wrapped.fused_backward.remove()
+
+
+def test_lookahead_around_ranger21_is_refused_with_its_own_options():
+    p = [torch.nn.Parameter(torch.zeros(2, 2))]
+    with pytest.raises(ValueError, match=r"already has Lookahead.*lookahead_mergetime=k"):
+        gradwise.Lookahead(gradwise.Ranger21(p, lr=1e-3, num_iterations=10))
+    with pytest.raises(ValueError, match=r"overrides step\(\).*Ranger21\(\.\.\., lookahead_active=True"):
+        gradwise.Lookahead(gradwise.Ranger21(p, lr=1e-3, num_iterations=10, lookahead_active=False))
+    with pytest.raises(ValueError, match=r"already has Lookahead"):
+        gradwise.Lookahead(gradwise.Lookahead(gradwise.AdamW(p)))

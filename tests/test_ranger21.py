@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import mlp, train_regression
+from tests.models import mlp, regression_batch, train_regression
 from tests.registry import _ranger21
 from tests.test_parity import assert_trajectories_close, run_mlp
 
@@ -169,3 +169,34 @@ def test_three_dim_and_conv_shaped_parameters_match_pytorch_optimizer(dtype):
     theirs = run_bag(lambda p: _ranger21(p, beta0=0.9, num_warm_up_iterations=10, **kwargs),
                      [p.detach().clone().requires_grad_() for p in params], dtype, STEPS, reference=True)
     assert_trajectories_close(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("bad_step, use_madgrad", [(3, False), (0, True)], ids=["adam-step-4", "madgrad-step-1"])
+def test_a_nan_gradient_raises_naming_the_parameter_and_changes_nothing(bad_step, use_madgrad):
+    """torch.optim.AdamW would poison one element; Ranger21's standard deviation and mean over all
+    parameters would poison every one, and the NaN normalizer then failed every later step. The
+    step is refused instead: parameters, state and the run that follows are those of a run that
+    never saw it."""
+    kwargs = dict(lr=1e-2, num_iterations=20, use_madgrad=use_madgrad, compile=False)
+    model, clean = mlp(torch.float64), mlp(torch.float64)
+    opt = gradwise.Ranger21(model.named_parameters(), **kwargs)
+    reference = gradwise.Ranger21(clean.named_parameters(), **kwargs)
+    train_regression(model, opt, 0, bad_step)
+    train_regression(clean, reference, 0, bad_step)
+    before = copy.deepcopy(opt.state_dict())
+    weights = [p.detach().clone() for p in model.parameters()]
+    x, y = regression_batch(torch.float64, bad_step)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    model[0].bias.grad[1] = float("nan")
+    with pytest.raises(ValueError, match=r"parameter '0.bias' has NaN or inf in its gradient.*skip_nonfinite=True"):
+        opt.step()
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    after = opt.state_dict()
+    assert before["state"].keys() == after["state"].keys()
+    for key, entry in before["state"].items():
+        assert entry.keys() == after["state"][key].keys()
+        assert all(torch.equal(v, after["state"][key][k]) for k, v in entry.items())
+    train_regression(model, opt, bad_step, bad_step + 4)
+    train_regression(clean, reference, bad_step, bad_step + 4)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), clean.parameters()))

@@ -69,9 +69,10 @@ def test_batched_equals_one_block_at_a_time_and_trains(batch_elements, monkeypat
         assert_trajectories_close(batched, looped, dtype, **tight)
 
 
-def test_failed_eigendecomposition_keeps_previous_roots():
-    """An overflowing gradient makes one factor infinite: that block keeps its roots, warns and is
-    counted; nothing becomes NaN and the other parameter keeps being preconditioned."""
+def test_an_overflowing_gradient_skips_the_factor_update_and_the_roots_recover():
+    """A gradient entry of 1e30 would make its block's factors inf (its square overflows float32) and
+    every later root fall back: the update is skipped instead (warned at the next refresh, counted),
+    the factors stay finite and the roots keep being recomputed from them."""
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(4, 4, generator=gen).requires_grad_(), torch.randn(4, 4, generator=gen).requires_grad_()]
     optimizer = gradwise.Shampoo(params, lr=0.01, precondition_frequency=2)
@@ -79,16 +80,40 @@ def test_failed_eigendecomposition_keeps_previous_roots():
         for p in params:
             p.grad = torch.randn(4, 4, generator=gen)
         if step == 2:
-            params[0].grad[0, 0] = 1e30  # its square overflows float32: L becomes inf
-        if step in (3, 5):  # steps 4 and 6 recompute the roots
+            params[0].grad[0, 0] = 1e30
+        if step == 3:  # step 4 recomputes the roots
+            before = optimizer.state[params[0]]["shampoo.root_left"].clone()
+            with pytest.warns(RuntimeWarning, match="2 preconditioner factor update"):
+                optimizer.step()
+            assert not torch.equal(optimizer.state[params[0]]["shampoo.root_left"], before)
+        else:
+            optimizer.step()
+    assert optimizer.skipped_factor_updates == 2 and optimizer.eigh_failures == 0  # left and right, once
+    state = optimizer.state[params[0]]
+    assert all(state[f"shampoo.{k}_{side}"].isfinite().all() for k in ("factor", "root") for side in ("left", "right"))
+    assert all(p.isfinite().all() for p in params)
+
+
+def test_failed_eigendecomposition_keeps_previous_roots():
+    """A factor so large (finite, 3e38) that its bias-corrected copy overflows: that block keeps its
+    roots, warns and is counted; nothing becomes NaN."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 4, generator=gen).requires_grad_()
+    optimizer = gradwise.Shampoo([p], lr=0.01, precondition_frequency=2)
+    for step in range(2):
+        p.grad = torch.randn(4, 4, generator=gen)
+        optimizer.step()
+    roots = optimizer.state[p]["shampoo.root_left"].clone()
+    optimizer.state[p]["shampoo.factor_left"].fill_(3e38)
+    for step in range(2):
+        p.grad = torch.randn(4, 4, generator=gen)
+        if step == 1:
             with pytest.warns(RuntimeWarning, match="keep their previous inverse root"):
                 optimizer.step()
         else:
             optimizer.step()
-    assert optimizer.eigh_failures == 2 * 2  # left and right factor, at steps 4 and 6
-    assert all(p.isfinite().all() for p in params)
-    roots = optimizer.state[params[0]]["shampoo.root_left"]
-    assert roots.isfinite().all() and roots.abs().sum() > 0
+    assert optimizer.eigh_failures == 1
+    assert torch.equal(optimizer.state[p]["shampoo.root_left"], roots) and p.isfinite().all()
 
 
 def test_bad_arguments_name_the_value():

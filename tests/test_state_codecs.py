@@ -169,3 +169,22 @@ def test_block_sizes_must_divide_the_pieces(block):
 def test_tags_name_the_format_and_parse_back():
     for codec in [Int8(), Int4(block_size=64), Int8(normalization="block"), Int4(rounding="nearest"), BF16()]:
         assert codec_from(codec.tag) == codec
+
+
+@pytest.mark.parametrize("codec", [Int8(), Int8(normalization="block"), Int8(block_size=64)], ids=repr)
+def test_a_tiny_positive_second_moment_is_stored_as_the_smallest_code_not_zero(codec):
+    """1e-12 of its scale lies far below the unsigned dynamic map's smallest positive code (1e-7 of
+    it): it must come back as that code, never as 0 (Li et al.'s zero-point failure), and 0 as 0."""
+    smallest = dynamic_map(8, signed=False)[1].item()
+    for x in (torch.tensor([1.0, 1e-12, 0.0]), torch.tensor([[1.0, 1e-12], [0.0, 1.0]])):
+        y = roundtrip(codec, x, signed=False)
+        assert y.view(-1)[1].item() == pytest.approx(smallest, rel=1e-6)
+        assert y.view(-1)[2].item() == 0.0 and y.view(-1)[0].item() == 1.0
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "non-negative"])
+@pytest.mark.parametrize("codec", [*CODECS, BF16()], ids=repr)
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (4, 0), (2, 0, 3)], ids=str)
+def test_empty_buffers_encode_and_decode(codec, signed, shape):
+    y = roundtrip(codec, torch.zeros(shape), signed)
+    assert y.shape == shape

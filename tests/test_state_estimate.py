@@ -63,3 +63,17 @@ def test_cli_prints_the_table(capsys):
     assert "int8-b2048" in out and "fp32" in out and "total" in out
     assert main(["estimate", "--state", "int3"]) == 2
     assert "invalid default='int3'" in capsys.readouterr().err
+
+
+def test_a_lowercase_module_name_is_refused_with_the_recipes_name():
+    with pytest.raises(ValueError, match="optimizer_or_recipe='adam'.*did you mean 'Adam'"):
+        gradwise.estimate(model(), "adam")
+
+
+@pytest.mark.parametrize("recipe", ["CAME", gradwise.CAME])
+def test_a_recipe_without_a_default_lr_is_estimated_without_one(recipe):
+    net = model()
+    predicted = gradwise.estimate(net, recipe)
+    opt = gradwise.CAME(net.parameters(), lr=1e-3, compile=False)
+    assert predicted.total == gradwise.estimate(net, opt).total
+    assert main(["estimate", "--size", "tiny", "--recipe", "CAME"]) == 0

@@ -73,3 +73,16 @@ def test_compiled_closed_forms_match_the_table():
     want = codes_and_values(x, x.abs(), uniform)  # eager: the tables
     for a, b in zip(got, want):
         assert torch.equal(a.to(b.dtype), b)
+
+
+@pytest.mark.parametrize("kind,bits,signed", MAPS)
+def test_exact_midpoints_round_alike_eagerly_and_compiled(kind, bits, signed):
+    """A value exactly on the float32 midpoint of two codes takes the lower code on both paths (the
+    table's ``bucketize`` and the closed forms a compiled step runs), so eager and compiled steps
+    store the same codes."""
+    finite = table(kind, bits, signed)[:-1]
+    middles = (finite[1:] + finite[:-1]) / 2
+    lower = torch.arange(middles.numel())
+    cmap = code_map(kind, bits, signed)
+    assert torch.equal(cmap.nearest(middles, computed=False).long(), lower)
+    assert torch.equal(cmap.nearest(middles, computed=True).long(), lower)

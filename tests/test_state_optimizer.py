@@ -310,6 +310,17 @@ def test_policy_picks_per_parameter_from_name_and_size():
     assert any("@bf16." in k for k in opt.state[head.bias]), "a rule wins over the size threshold"
 
 
+def test_min_numel_is_the_smallest_size_encoded():
+    """A parameter of exactly ``min_numel`` elements is encoded, one of ``min_numel - 1`` is not."""
+    at, below = torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(11))
+    opt = gradwise.AdamW([at, below], lr=1e-3, state=StatePolicy("int8", min_numel=12), compile=False)
+    for p in (at, below):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert any("@int8" in k for k in opt.state[at])
+    assert not any("@" in k for k in opt.state[below])
+
+
 def test_a_rule_that_matches_nothing_is_an_error():
     net = model()
     with pytest.raises(ValueError, match=r"rule 'wte' matches no parameter; parameter names: \['0.weight'"):

@@ -100,6 +100,11 @@ class FusedBackward:
         self.remove()
 
 
+def installed_on(optimizer: Any) -> list[FusedBackward]:
+    """The handles whose hooks step ``optimizer`` inside backward (none, or one)."""
+    return list({id(h): h for h in _INSTALLED.values() if h.optimizer is optimizer}.values())
+
+
 def fused_backward(optimizer: Any) -> FusedBackward:
     """Update every parameter of ``optimizer`` inside ``backward()`` and free its gradient; returns a
     handle whose ``remove()`` undoes it (also a context manager). See the module docstring."""

@@ -25,10 +25,12 @@ class Adafactor(Optimizer):
     """
 
     def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
-                 foreach=None, maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 foreach=None, maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         compile = compile_for_torch_flags("Adafactor", compile, foreach=foreach)
         transform = chain(scale_by_factored_rms(), clip_by_block_rms("d"), scale_by_param_block_rms(),
                           scale_by_relative_step(), add_decayed_weights(after_lr=True))
         super().__init__(params, transform, lr=lr, beta2_decay=beta2_decay, eps=tuple(eps) if isinstance(eps, list)
                          else eps, d=d, weight_decay=weight_decay, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)

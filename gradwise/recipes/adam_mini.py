@@ -67,7 +67,8 @@ class AdamMini(Optimizer):
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  dim=2048, n_heads=32, n_kv_heads=None, rule=None, maximize=False, skip_nonfinite=False,
-                 compile="auto", state=None):
+                 compile="auto", state=None,
+                 param_rounding="nearest"):
         _positive_int("dim", dim)
         _positive_int("n_heads", n_heads)
         if n_kv_heads is not None:
@@ -81,4 +82,5 @@ class AdamMini(Optimizer):
         adam_mini = scale_by_adam_mini(rule or ByName(head_numel), no_decay=no_decay)
         super().__init__(named_parameters, chain(adam_mini, add_decayed_weights(), scale_by_learning_rate()),
                          lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)

@@ -36,11 +36,13 @@ class APOLLO(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=None, update_proj_gap=200, scale=1.0, proj_type="std", scale_type="channel", proj="random",
-                 scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto"):
+                 scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto",
+                 param_rounding="nearest"):
         super().__init__(params, _chain(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          correct_bias=correct_bias, rank=rank, update_proj_gap=update_proj_gap, scale=scale,
                          proj_type=proj_type, scale_type=scale_type, proj=proj, scale_front=scale_front,
-                         disable_nl=disable_nl, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
+                         disable_nl=disable_nl, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         param_rounding=param_rounding)
 
 
 class APOLLOMini(APOLLO):
@@ -53,8 +55,10 @@ class APOLLOMini(APOLLO):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=1, update_proj_gap=200, scale=128.0, proj_type="std", scale_type="tensor", proj="random",
-                 scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto"):
+                 scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto",
+                 param_rounding="nearest"):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias,
                          rank=rank, update_proj_gap=update_proj_gap, scale=scale, proj_type=proj_type,
                          scale_type=scale_type, proj=proj, scale_front=scale_front, disable_nl=disable_nl,
-                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
+                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         param_rounding=param_rounding)

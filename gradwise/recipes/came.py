@@ -20,9 +20,11 @@ class CAME(Optimizer):
     """
 
     def __init__(self, params, lr=None, eps=(1e-30, 1e-16), clip_threshold=1.0, betas=(0.9, 0.999, 0.9999),
-                 weight_decay=0.0, *, maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 weight_decay=0.0, *, maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(scale_by_came_rms(), clip_by_block_rms("clip_threshold"), scale_by_confidence(),
                           add_decayed_weights(), scale_by_learning_rate())
         super().__init__(params, transform, lr=lr, eps=eps, clip_threshold=clip_threshold, betas=betas,
                          weight_decay=weight_decay, maximize=maximize, skip_nonfinite=skip_nonfinite,
-                         compile=compile, state=state)
+                         compile=compile, state=state,
+                         param_rounding=param_rounding)

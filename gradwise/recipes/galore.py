@@ -32,9 +32,11 @@ class GaLoreAdamW(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=None, update_proj_gap=200, scale=1.0, proj_type="std", *,
-                 maximize=False, skip_nonfinite=False, compile="auto"):
+                 maximize=False, skip_nonfinite=False, compile="auto",
+                 param_rounding="nearest"):
         transform = chain(project_low_rank(scale_by_adam_moments()), scale_by_bias_correction(),
                           scale_by_learning_rate(), decay_stepped_weights())
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          correct_bias=correct_bias, rank=rank, update_proj_gap=update_proj_gap, scale=scale,
-                         proj_type=proj_type, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile)
+                         proj_type=proj_type, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         param_rounding=param_rounding)

@@ -35,7 +35,7 @@ class Muon(Optimizer):
                  ns_coefficients=MUON_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
                  adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0,
                  ns_dtype=torch.bfloat16, rule=matrices, maximize=False, skip_nonfinite=False, compile="auto",
-                 state=None):
+                 state=None, param_rounding="nearest"):
         muon = chain(trace_ema(), orthogonalize_by_newton_schulz(), scale_by_shape(), add_decayed_weights(),
                      scale_by_learning_rate())
         adamw = chain(scale_by_adam(), add_decayed_weights(), scale_by_learning_rate())
@@ -47,7 +47,7 @@ class Muon(Optimizer):
             other=(adamw, dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay)),
         )
         super().__init__(params, transform, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-                         state=state)
+                         state=state, param_rounding=param_rounding)
         # torch's schedulers cycle defaults' "betas" if it is there, else "momentum": with the AdamW
         # route's betas (which live in its own groups) out of the defaults, they cycle the matrices'
         # momentum, as they do torch.optim.Muon's

@@ -7,7 +7,7 @@ import torch
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
-from gradwise.core.params import DTensor, local
+from gradwise.core.params import DTensor, local, param_label
 from gradwise.core.transform import chain, state_dtype
 from gradwise.recipes.ranger21_prologue import VARIANCE_SUM, ranger21_prologue, shape_gradient, shrink
 from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
@@ -45,8 +45,12 @@ class Ranger21(Optimizer):
     ``use_adabelief`` makes v AdaBelief's belief (g - m_t)^2; ``use_cheb`` multiplies f after the
     warmup by Agarwal et al.'s fractal Chebyshev steps, one per epoch (``num_epochs - 2`` of them);
     ``lookahead_load_at_validation`` makes ``optimizer.eval()`` put the slow weights in the model
-    and ``optimizer.train()`` the fast ones back. Not supported (they raise): a ``momentum_type``
-    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear".
+    and ``optimizer.train()`` the fast ones back. A gradient holding NaN or inf raises, naming the
+    parameter, and changes nothing (one such element would make every parameter NaN, through the
+    standard deviation and the mean over all parameters; torch.optim.AdamW poisons that element
+    alone); ``skip_nonfinite=True`` skips such steps instead. Not supported (they raise): a ``momentum_type``
+    other than "pnm", ``decay_type`` other than "stable", ``warmup_type`` other than "linear",
+    ``param_rounding="stochastic"`` (the prologue's shrink writes each parameter rounded to nearest).
     """
 
     state_refusal = ("its step() shapes every gradient and reads its moments by name before the chain runs,"
@@ -61,7 +65,7 @@ class Ranger21(Optimizer):
                  num_warmup_iterations=None, warmdown_active=True, warmdown_start_pct=0.72, warmdown_min_lr=3e-5,
                  weight_decay=1e-4, decay_type="stable", warmup_type="linear", warmup_pct_default=0.22,
                  logging_active=False, *, num_iterations=None, maximize=False, skip_nonfinite=False,
-                 compile="auto"):
+                 compile="auto", param_rounding="nearest"):
         for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
                                      ("warmup_type", warmup_type, "linear")):
             if value != allowed:
@@ -109,7 +113,12 @@ class Ranger21(Optimizer):
                              norm_loss=normloss_active)
         self._shaped: dict[torch.Tensor, torch.Tensor] = {}  # the prologue's g', one scratch tensor per parameter
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-                         **hyper)
+                         param_rounding=param_rounding, **hyper)
+        if any(group["param_rounding"] == "stochastic" for group in self.param_groups):
+            raise ValueError("invalid param_rounding='stochastic' for Ranger21: its prologue shrinks each parameter"
+                             " in place before the chain (stable weight decay and norm loss), a write that stochastic"
+                             " rounding does not cover, so a bfloat16 parameter would lose it; keep float32"
+                             " parameters, or param_rounding='nearest'")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -138,11 +147,12 @@ class Ranger21(Optimizer):
         if self._must_skip(work):
             self.skipped_steps += 1
             return None
-        options, pending, sums, count = self._options, [], [], 0
+        options, pending, sums, count, added = self._options, [], [], 0, []
         variance = f"{self._core.name}.variance_ma"
-        for group, params in work:
+        for index, (group, params) in enumerate(work):
             b1, b2 = group["betas"]
             for p in params:
+                added.append((p, p not in self.state, VARIANCE_SUM not in self.state.get(p, {}), group, index))
                 state = self._state_for(p, group)
                 if p not in self._shaped:
                     self._shaped[p] = torch.empty_like(p, dtype=state_dtype(p))
@@ -160,12 +170,17 @@ class Ranger21(Optimizer):
                 variance_sum = state[VARIANCE_SUM] * b2 + squares.to(state[VARIANCE_SUM].device) * (1 - b2)
                 sums.append(variance_sum / (1 - b2**step))
                 count += p.numel()
-                if "pnm.momentum_scale" in state:
-                    state["pnm.momentum_scale"].copy_(scale)
-                pending.append((group, p, norm, step, variance_sum))
-        total = float(torch.stack([s.to(sums[0].device) for s in sums]).sum()) if sums else 0.0  # one sync
+                pending.append((group, p, norm, step, variance_sum, scale))
+        # one sync: the total, and each parameter's sum to name one that is not finite
+        stacked = torch.stack([s.to(sums[0].device) for s in sums]) if sums else torch.zeros(0, dtype=torch.float64)
+        total, *each = torch.cat([stacked.sum().view(1), stacked]).tolist()
+        if not math.isfinite(total):
+            self._refuse_nonfinite(added, each)
         normalizer = _normalizer(total, count, self.use_madgrad)
-        for group, p, norm, step, _ in pending:
+        for _, p, _, _, _, scale in pending:
+            if "pnm.momentum_scale" in self.state[p]:
+                self.state[p]["pnm.momentum_scale"].copy_(scale)
+        for group, p, norm, step, _, _ in pending:
             group["variance_normalizer"] = normalizer
             lr_t = group["lr"] * self.schedule(step - 1)
             decay_t = lr_t * math.sqrt(step) if self.use_madgrad else lr_t  # MADGRAD's lambda_t
@@ -173,8 +188,24 @@ class Ranger21(Optimizer):
             if self.use_madgrad and step == 1:  # MADGRAD starts from the shrunk point, as Ranger21 creates x0
                 self.state[p]["madgrad.x0"].copy_(p)
         super().step()
-        for _, p, _, _, variance_sum in pending:
+        for _, p, _, _, variance_sum, _ in pending:
             self.state[p][VARIANCE_SUM] = variance_sum
+
+    def _refuse_nonfinite(self, added, sums) -> None:
+        """Raise for the first parameter whose second-moment sum is not finite, after removing the state
+        this step created: parameters and state are left as they were."""
+        bad = next((i for i, value in enumerate(sums) if not math.isfinite(value)), 0)
+        for p, fresh, new_sum, _, _ in added:
+            if fresh:
+                del self.state[p]
+            elif new_sum:
+                del self.state[p][VARIANCE_SUM]
+        _, _, _, group, index = added[bad]
+        raise ValueError(f"Ranger21: {param_label(group, added[bad][0], index)} has NaN or inf in its gradient (or"
+                         " its value); Ranger21 divides each gradient by its standard deviation and decays every"
+                         " parameter by a mean over all of them, so one such element would make every parameter NaN."
+                         " Nothing was changed; pass skip_nonfinite=True to skip such steps (counted in"
+                         " skipped_steps)")
 
 
 def _normalizer(total: float, count: int, madgrad: bool) -> float:

@@ -17,11 +17,13 @@ class ScheduleFreeAdamW(Optimizer):
     """
 
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
-                 weight_lr_power=2.0, *, maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 weight_lr_power=2.0, *, maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         transform = chain(scale_by_rms(), add_decayed_weights(), scale_by_schedule_free("betas"))
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup_steps=warmup_steps, r=r, weight_lr_power=weight_lr_power, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile, state=state)
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state,
+                         param_rounding=param_rounding)
         for group in self.param_groups:
             transform.transforms[-1]._beta(group)
 
@@ -38,11 +40,13 @@ class ScheduleFreeSGD(Optimizer):
                      " (rounding z to int8 or bf16 would round the weights); there is nothing to store smaller")
 
     def __init__(self, params, lr=1.0, momentum=0.9, weight_decay=0.0, warmup_steps=0, r=0.0, weight_lr_power=2.0,
-                 *, maximize=False, skip_nonfinite=False, compile="auto"):
+                 *, maximize=False, skip_nonfinite=False, compile="auto",
+                 param_rounding="nearest"):
         transform = chain(add_decayed_weights(), scale_by_schedule_free("momentum"))
         super().__init__(params, transform, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          warmup_steps=warmup_steps, r=r, weight_lr_power=weight_lr_power, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile)
+                         skip_nonfinite=skip_nonfinite, compile=compile,
+                         param_rounding=param_rounding)
 
 
 def schedule_free(transform: Transform) -> Transform:

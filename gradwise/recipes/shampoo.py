@@ -20,14 +20,17 @@ class Shampoo(Optimizer):
     See ``scale_by_shampoo`` for the update. Parameters of fewer than two dimensions take the grafting
     method's step; ``start_preconditioning_step=math.inf`` gives the grafting method alone (Adam
     grafting is then AdamW, AdaGrad grafting with betas[0]=0 torch.optim.Adagrad, and so on).
-    ``eigh_failures`` counts the factors whose eigendecomposition failed and kept their old root.
+    ``eigh_failures`` counts the factors whose eigendecomposition failed and kept their old root;
+    ``skipped_factor_updates`` the factor updates skipped because they would have made a factor NaN
+    or inf (a gradient entry of 1e30 squares past float32), each with a warning.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), epsilon=1e-12, weight_decay=1e-5,
                  max_preconditioner_dim=8192, precondition_frequency=100, start_preconditioning_step=None,
                  use_decoupled_weight_decay=True, grafting="adam", grafting_beta2=0.999, grafting_epsilon=1e-8,
                  use_bias_correction=True, preconditioner_dtype=torch.float32, batch_blocks=True, *,
-                 maximize=False, skip_nonfinite=False, compile="auto", state=None):
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
+                 param_rounding="nearest"):
         if not isinstance(use_decoupled_weight_decay, bool):
             raise TypeError(f"invalid use_decoupled_weight_decay={use_decoupled_weight_decay!r}: expected True or False")
         self._shampoo = scale_by_shampoo()
@@ -39,8 +42,13 @@ class Shampoo(Optimizer):
             grafting=grafting, grafting_beta2=grafting_beta2, grafting_epsilon=grafting_epsilon,
             use_bias_correction=use_bias_correction, preconditioner_dtype=preconditioner_dtype,
             batch_blocks=batch_blocks, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-            state=state)
+            state=state, param_rounding=param_rounding)
 
     @property
     def eigh_failures(self) -> int:
         return self._shampoo.eigh_failures
+
+    @property
+    def skipped_factor_updates(self) -> int:
+        """Factor updates skipped because they would have made a factor NaN or inf."""
+        return self._shampoo.factor_skips.total

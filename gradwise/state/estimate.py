@@ -6,6 +6,7 @@ the state policy's codec for each parameter says how many bytes each buffer take
 """
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -62,7 +63,9 @@ def estimate(model: torch.nn.Module | Iterable[Any], optimizer_or_recipe: Any, *
         optimizer_or_recipe: a ``gradwise.Optimizer`` (read as it is configured), a recipe class or
             any callable building one from params and ``recipe_kwargs`` (``gradwise.AdamW``), or a
             recipe name (``"AdamW"``).
-        **recipe_kwargs: passed to the recipe, e.g. ``state="int8"``.
+        **recipe_kwargs: passed to the recipe, e.g. ``state="int8"``. A recipe whose ``lr`` has no
+            default (CAME, Ranger21) gets ``lr=1.0`` unless one is given: the learning rate changes
+            no buffer's size.
     """
     from gradwise.core.optimizer import Optimizer
 
@@ -72,6 +75,8 @@ def estimate(model: torch.nn.Module | Iterable[Any], optimizer_or_recipe: Any, *
                             " pass a recipe (e.g. gradwise.AdamW) to configure one")
         return _estimate(optimizer_or_recipe)
     recipe = _recipe(optimizer_or_recipe)
+    if "lr" not in recipe_kwargs and _needs_lr(recipe):
+        recipe_kwargs = {**recipe_kwargs, "lr": 1.0}
     return _estimate(recipe(_meta_params(model), **recipe_kwargs))
 
 
@@ -79,14 +84,25 @@ def _recipe(spec: Any) -> Callable[..., Any]:
     import gradwise
 
     if isinstance(spec, str):
-        recipe = getattr(gradwise.recipes, spec, None)
-        if recipe is None:
-            raise ValueError(f"invalid optimizer_or_recipe={spec!r}: expected one of {gradwise.recipes.__all__},"
-                             " a recipe class, or an optimizer")
-        return recipe
+        names = gradwise.recipes.__all__  # not getattr alone: gradwise.recipes.adam is a module
+        if spec not in names:
+            near = [n for n in names if n.lower() == spec.lower()]
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"invalid optimizer_or_recipe={spec!r}: expected one of {names}, a recipe class, or"
+                             f" an optimizer{hint}")
+        return getattr(gradwise.recipes, spec)
     if callable(spec):
         return spec
     raise TypeError(f"invalid optimizer_or_recipe={spec!r}: expected a gradwise optimizer, recipe or recipe name")
+
+
+def _needs_lr(recipe: Callable[..., Any]) -> bool:
+    """Whether ``recipe`` takes an ``lr`` without a usable default (none, or None as CAME's)."""
+    try:
+        lr = inspect.signature(recipe).parameters.get("lr")
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
+    return lr is not None and (lr.default is inspect.Parameter.empty or lr.default is None)
 
 
 def _meta_params(model: Any) -> list[Any]:

@@ -21,7 +21,8 @@ loss over 3 seeds relative to float32 on an MLP with outlier input features):
   the moment unbiased: 1.024.
 
 ``normalization=`` (``"block"`` or ``"rank1"``) and ``rounding=`` (``"nearest"`` or ``"stochastic"``)
-override both kinds of buffer; 0-d and 1-d buffers always use blocks.
+override both kinds of buffer; 0-d and 1-d buffers, and empty ones (no row or column to take a
+maximum over), always use blocks.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ class Quantized(Codec):
         normalization, kind, rounding = self.signed_layout if signed else self.unsigned_layout
         normalization = normalization if self.normalization == "default" else self.normalization
         rounding = rounding if self.rounding == "default" else self.rounding
-        return normalization == "rank1" and len(shape) >= 2, kind, rounding == "stochastic"
+        rank1 = normalization == "rank1" and len(shape) >= 2 and shape.numel() > 0
+        return rank1, kind, rounding == "stochastic"
 
     def empty(self, shape, signed, device):
         numel = shape.numel()

@@ -12,6 +12,7 @@ block of every parameter with the same block shape go through one batched matmul
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -97,13 +98,45 @@ def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
     return list(stack.split([k.stop - k.start for _, k in members]))
 
 
-def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> None:
+def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> Tensor:
     """Shampoo's Kronecker statistics for stacked blocks ``grads``: L <- L + G G^T and R <- R + G^T G
-    (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages)."""
+    (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages).
+
+    A block whose new factor would not be finite (a gradient entry of 1e20 squares past float32's
+    range; a NaN) keeps its factor, so one bad gradient never poisons the preconditioner for good.
+    Returns the number of (block, side) updates skipped, a 0-d tensor on the device (no sync)."""
+    skipped = torch.zeros((), dtype=torch.int64, device=grads.device)
     for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
         for (i, k), piece in zip(members, pieces(outer, members)):
             factor = state[f"factor_{side}"][i][k]
-            if weight is None:
-                factor.add_(piece)
-            else:
-                factor.lerp_(piece, weight)
+            new = factor + piece if weight is None else factor.lerp(piece, weight)
+            ok = new.isfinite().all(dim=(-2, -1), keepdim=True)
+            factor.copy_(torch.where(ok, new, factor))
+            skipped += (~ok).sum()
+    return skipped
+
+
+class SkippedUpdates:
+    """A transform's count of skipped factor updates, kept on the device between the steps that sync
+    anyway (root or basis refreshes), where it is read and a warning names the new ones."""
+
+    def __init__(self) -> None:
+        self.count, self._pending = 0, None
+
+    def add(self, skipped: Tensor) -> None:
+        self._pending = skipped if self._pending is None else self._pending + skipped.to(self._pending.device)
+
+    def flush(self) -> None:
+        """Add the pending count to ``count`` (a sync), with a warning when it grew."""
+        if self._pending is not None:
+            new, self._pending = int(self._pending), None
+            self.count += new
+            if new:
+                warnings.warn(f"gradwise: {new} preconditioner factor update(s) would have made a factor NaN or"
+                              " inf (a non-finite or overflowing gradient) and were skipped; the factors keep"
+                              " their previous values", RuntimeWarning, stacklevel=5)
+
+    @property
+    def total(self) -> int:
+        """Every skipped update so far, pending ones included."""
+        return self.count + (0 if self._pending is None else int(self._pending))

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, boolean, choice, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, accumulate_factors, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, SkippedUpdates, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import inverse_roots
 
 GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
@@ -50,7 +50,8 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
     L_hat = L / (1-b2^t). From step ``start`` on, each block's direction is
     D = P_L m_hat P_R * ||D_graft|| / ||P_L m_hat P_R||  (Frobenius norms per block); before, D_graft.
     A block whose eigendecomposition fails keeps its previous roots (a warning; ``eigh_failures``
-    counts them). Blocks of one shape, across all parameters, go through one batched matmul and one
+    counts them); a factor update that would make a factor NaN or inf (an overflowing or non-finite
+    gradient) is skipped, keeping the factor (a warning at the next refresh; ``factor_skips``). Blocks of one shape, across all parameters, go through one batched matmul and one
     batched ``eigh`` (``batch_blocks=False``: one block at a time, for comparison).
     """
 
@@ -74,6 +75,7 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
 
     def __init__(self) -> None:
         self.eigh_failures = 0
+        self.factor_skips = SkippedUpdates()
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype = state_dtype(param)
@@ -120,8 +122,9 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
             graft = {i: blockings[i].split(directions[i]) for i in matrices}
             out = {i: torch.empty_like(graft[i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
-            accumulate_factors(torch.cat([grads[i][k] for i, k in members]), members, state,
-                               None if ctx["sum_factors"] else ctx["one_minus_beta2"])
+            self.factor_skips.add(accumulate_factors(
+                torch.cat([grads[i][k] for i, k in members]), members, state,
+                None if ctx["sum_factors"] else ctx["one_minus_beta2"]))
             if recompute:
                 self._refresh_roots(members, state, ctx)
             if not precondition:
@@ -140,6 +143,7 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
         return directions
 
     def _refresh_roots(self, members, state, ctx: Context) -> None:
+        self.factor_skips.flush()
         for side in ("left", "right"):
             factors = torch.cat([state[f"factor_{side}"][i][k] for i, k in members]) * ctx["inv_bias2"]
             previous = torch.cat([state[f"root_{side}"][i][k] for i, k in members])

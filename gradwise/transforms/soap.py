@@ -9,7 +9,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, accumulate_factors, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, SkippedUpdates, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import eigenbases, keep_previous
 
 
@@ -36,6 +36,10 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
     by the estimated eigenvalues diag(Q^T L Q), as the authors' implementation does.
     Parameters of fewer dimensions get Adam with the same bias-correction placement.
     Same-shaped blocks of all parameters share each batched matmul, ``eigh`` and ``qr``.
+    A basis whose ``eigh`` or QR step fails or is not finite keeps its previous value (a warning;
+    ``eigh_failures`` counts them); a factor update that would make a factor NaN or inf (an
+    overflowing or non-finite gradient) is skipped, keeping the factor (a warning at the next
+    refresh; ``factor_skips``).
     """
 
     name = "soap"
@@ -53,6 +57,7 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
 
     def __init__(self) -> None:
         self.eigh_failures = 0
+        self.factor_skips = SkippedUpdates()
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype, device = state_dtype(param), param.device
@@ -93,7 +98,8 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             g = torch.cat([grads[i][k] for i, k in members])
             if first:
-                accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"])
+                self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
+                self.factor_skips.flush()
                 self._eigenbases(members, state)
             ql, qr = (torch.cat([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
             rotated = ql.mT @ g @ qr
@@ -104,8 +110,9 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
                 result[i][k] = piece * ctx["step_scale"]
                 state["exp_avg_sq"][i][k].copy_(v_piece)
             if not first:
-                accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"])
+                self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
             if refresh:
+                self.factor_skips.flush()
                 self._power_iteration(members, state)
         for i in matrices:
             out[i] = blockings[i].merge(result[i])
@@ -120,8 +127,7 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
             for (i, k), piece in zip(members, pieces(bases, members)):
                 state[f"basis_{side}"][i][k].copy_(piece)
 
-    @staticmethod
-    def _power_iteration(members, state) -> None:
+    def _power_iteration(self, members, state) -> None:
         v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
         for side, axis in (("left", -2), ("right", -1)):
             f = torch.cat([state[f"factor_{side}"][i][k] for i, k in members])
@@ -133,7 +139,8 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
             index = order[:, :, None] if axis == -2 else order[:, None, :]
             v = v.gather(axis, index.expand_as(v))
             new, _ = torch.linalg.qr(f @ q)
-            new, _ = keep_previous(new, new.isfinite().all(dim=(-2, -1)), q, "eigenbasis")
+            new, failed = keep_previous(new, new.isfinite().all(dim=(-2, -1)), q, "eigenbasis")
+            self.eigh_failures += failed
             for (i, k), piece in zip(members, pieces(new, members)):
                 state[f"basis_{side}"][i][k].copy_(piece)
         for (i, k), piece in zip(members, pieces(v, members)):

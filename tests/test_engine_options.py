@@ -1,0 +1,57 @@
+"""Every recipe takes the engine's options (``compile``, ``skip_nonfinite``, ``param_rounding``,
+``maximize``) by the same keywords, and each does what it does for AdamW; a recipe that cannot honour
+one refuses it with the reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gradwise
+from tests.registry import RECIPES, build
+
+
+def _matrix(dtype=torch.float32) -> torch.nn.Parameter:
+    """Values in [1, 2), where a bfloat16 ulp is 2^-7."""
+    return torch.nn.Parameter((1 + 0.9 * torch.rand(16, 16, generator=torch.Generator().manual_seed(0))).to(dtype))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.__name__)
+def test_every_recipe_takes_skip_nonfinite_and_maximize(recipe):
+    p = _matrix()
+    start = p.detach().clone()
+    opt = build(recipe, [p], compile=False, skip_nonfinite=True, maximize=True, param_rounding="nearest")
+    assert opt.param_groups[0]["maximize"] is True
+    p.grad = torch.full_like(p, float("nan"))
+    opt.step()
+    assert opt.skipped_steps == 1 and torch.equal(p, start)
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r is not gradwise.Ranger21], ids=lambda r: r.__name__)
+def test_every_recipe_writes_bfloat16_parameters_stochastically(recipe):
+    """A step far smaller than half a bfloat16 ulp: round-to-nearest writes nothing, stochastic
+    rounding moves some elements by one ulp and none by more."""
+    moved = {}
+    for rounding in ("nearest", "stochastic"):
+        p = _matrix(torch.bfloat16)
+        start = p.detach().float()
+        lr = 2e-5 if recipe is gradwise.CAME else 5e-4  # CAME's first step is about 11 lr per element
+        opt = build(recipe, [p], lr=lr, compile=False, param_rounding=rounding)
+        p.grad = (2 * torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) - 1).to(torch.bfloat16)
+        opt.step()
+        change = (p.detach().float() - start).abs()
+        assert (change <= 2**-7).all()
+        moved[rounding] = int((change > 0).sum())
+    assert moved["nearest"] == 0 and moved["stochastic"] > 0
+
+
+def test_ranger21_refuses_stochastic_rounding_with_the_reason():
+    with pytest.raises(ValueError, match=r"param_rounding='stochastic' for Ranger21: its prologue shrinks"):
+        gradwise.Ranger21([_matrix(torch.bfloat16)], lr=1e-3, num_iterations=10, param_rounding="stochastic")
+    with pytest.raises(ValueError, match=r"param_rounding='stochastic' for Ranger21"):
+        gradwise.Ranger21([{"params": [_matrix()], "param_rounding": "stochastic"}], lr=1e-3, num_iterations=10)
+
+
+@pytest.mark.parametrize("recipe", [gradwise.LOMO, gradwise.AdaLomo], ids=lambda r: r.__name__)
+def test_skip_nonfinite_inside_backward_is_refused_with_what_to_do(recipe):
+    with pytest.raises(ValueError, match=r"skip_nonfinite=True\) needs fused_backward=False"):
+        recipe([_matrix()], skip_nonfinite=True)
