@@ -139,8 +139,12 @@ def alive(pid: int) -> bool:
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on the store file, held until the block ends or the process dies (``flock``, which
-    does not interfere with SQLite's own byte-range locks)."""
-    with open(path, "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """An exclusive lock for the store at ``path``, held until the block ends or the process dies: ``flock`` on
+    its folder, since closing a descriptor of the store file itself would drop this process's SQLite locks on
+    it (POSIX locks belong to the process and the file, not the descriptor)."""
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(folder)
