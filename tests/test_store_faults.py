@@ -419,3 +419,9 @@ def test_a_store_made_before_the_mark_is_adopted(tmp_path):
         f.seek(68)
         f.write(bytes(4))
     assert _prepared(Store(str(path))) == rows
+
+
+def test_a_store_in_a_missing_folder_is_refused_with_the_folder_named(tmp_path):
+    with pytest.raises(ValueError, match=r"invalid store '.*nowhere/arena\.db': its folder '.*nowhere' does not"):
+        Store(str(tmp_path / "nowhere" / "arena.db"))
+    assert _files(tmp_path) == {}

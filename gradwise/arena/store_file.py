@@ -106,16 +106,21 @@ def _check_pages(path: Path) -> None:
 
 
 def _create(path: Path, create_tables) -> None:
+    if not path.parent.is_dir():
+        raise ValueError(f"invalid store {str(path)!r}: its folder {str(path.parent)!r} does not exist; create it"
+                         " or pass another --storage")
     tmp = path.with_name(f".{path.name}.{os.getpid()}{CREATING}")
-    tmp.unlink(missing_ok=True)
-    _mark(tmp)
-    create_tables(tmp)
     try:
+        tmp.unlink(missing_ok=True)
+        _mark(tmp)
+        create_tables(tmp)
         os.link(tmp, path)
     except FileExistsError:
         pass  # another worker created the store meanwhile: use theirs
+    except (OSError, sqlite3.Error) as error:
+        raise ValueError(f"cannot create store {str(path)!r}: {error}; pass another --storage") from error
     finally:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 def _remove_abandoned_builds(path: Path) -> None:
