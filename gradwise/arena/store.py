@@ -71,7 +71,7 @@ class Store:
         self.path = Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
         kwargs: dict[str, Any] = {}
         if self.path is not None:
-            open_store_file(self.path, lambda tmp: self._connect(f"sqlite:///{tmp}", kwargs).engine.dispose())
+            open_store_file(self.path, lambda tmp: self._connect(f"sqlite:///{tmp}", {}).engine.dispose())
             kwargs = {"connect_args": {"timeout": 120}}
         self.storage = self._connect(self.url, kwargs)
 
