@@ -1,7 +1,8 @@
 """Two worker processes share one study through a real PostgreSQL server (Optuna's RDB storage): every trial
-is recorded exactly once. ``.ci/run`` starts the server (``.ci/postgres.sh``) and sets GRADWISE_TEST_POSTGRES;
-elsewhere the test runs against that URL when a server answers on localhost, and is skipped otherwise.
-In CI (CI=true) an unreachable server is a failure, not a skip."""
+is recorded exactly once; a half-prepared study is finished, and one study can be deleted. ``.ci/run`` starts
+the server (``.ci/postgres.sh``) and sets GRADWISE_TEST_POSTGRES; elsewhere the tests run against that URL
+when a server answers on localhost, and are skipped otherwise. In CI (CI=true) an unreachable server is a
+failure, not a skip."""
 from __future__ import annotations
 
 import os

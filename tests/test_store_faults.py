@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -320,6 +319,51 @@ def test_a_killed_preparation_is_finished_by_the_next_run_and_delete_study_resta
         first.points
 
 
+RACERS = """
+import json, os, sys, time
+from optuna.distributions import json_to_distribution
+from gradwise.arena.store import Store
+
+root, plans = sys.argv[1], json.loads(sys.stdin.read())
+Store(os.path.join(root, "prepared.db")).storage.engine.dispose()  # an empty store for the preparers' race
+(create_r, create_w), (created_r, created_w), (prepare_r, prepare_w) = os.pipe(), os.pipe(), os.pipe()
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.read(create_r, 1)
+        Store(os.path.join(root, "created.db"))  # all four create the same new store at once
+        os.write(created_w, b"x")
+        os.read(prepare_r, 1)
+        store = Store(os.path.join(root, "prepared.db"))  # all four prepare the same studies at once
+        for name, spec, points, seeds, dists in plans:
+            store.prepare(name, spec, points, seeds, {k: json_to_distribution(v) for k, v in dists.items()})
+        os._exit(0)
+    children.append(pid)
+os.write(create_w, b"x" * 4)
+created = b""
+while len(created) < 4:
+    created += os.read(created_r, 4)
+os.write(prepare_w, b"x" * 4)
+print(json.dumps([os.waitpid(pid, 0)[1] for pid in children]))
+"""
+
+
+@pytest.mark.slow
+def test_workers_creating_and_preparing_one_store_at_once_enqueue_each_trial_once(tmp_path):
+    plans = [[p.name, p.spec, p.points, p.seeds, {k: distribution_to_json(d) for k, d in p.distributions.items()}]
+             for p in PLANS]
+    done = subprocess.run([sys.executable, "-c", RACERS, str(tmp_path)], input=json.dumps(plans), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1]) == [0] * 4, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["created.db", "prepared.db"]
+    assert _prepared(Store(str(tmp_path / "created.db"))) == {}
+    clean = tmp_path / "clean" / "arena.db"
+    clean.parent.mkdir()
+    _prepare(Store(str(clean)))
+    assert _prepared(Store(str(tmp_path / "prepared.db"))) == _prepared(Store(str(clean)))
+
+
 # -- bad arguments to the store's commands ---------------------------------------------------------------------
 def test_delete_study_of_an_unknown_name_is_refused_unchanged(tmp_path, capsys):
     db = tmp_path / "arena.db"
@@ -374,3 +418,9 @@ def test_a_store_made_before_the_mark_is_adopted(tmp_path):
         f.seek(68)
         f.write(bytes(4))
     assert _prepared(Store(str(path))) == rows
+
+
+def test_a_store_in_a_missing_folder_is_refused_with_the_folder_named(tmp_path):
+    with pytest.raises(ValueError, match=r"invalid store '.*nowhere/arena\.db': its folder '.*nowhere' does not"):
+        Store(str(tmp_path / "nowhere" / "arena.db"))
+    assert _files(tmp_path) == {}

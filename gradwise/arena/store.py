@@ -11,8 +11,8 @@ trials, hyperparameters and seeds as an uninterrupted one.
 
 Preparation resumes too: a study whose preparer was killed before marking it prepared is finished by the next
 ``prepare`` (each enqueued trial is one transaction that carries its index, so only the missing indices are
-enqueued). Preparers take a lock (``flock`` on a SQLite file, an advisory lock on PostgreSQL), so two of them
-never enqueue the same index. A SQLite store must be a file gradwise created (see ``store_file``); any other
+enqueued). Preparers take a lock (``flock`` on a SQLite store's folder, an advisory lock on PostgreSQL), so two
+of them never enqueue the same index. A SQLite store must be a file gradwise created (see ``store_file``); any other
 file is refused unchanged.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Store:
         self.path = Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
         kwargs: dict[str, Any] = {}
         if self.path is not None:
-            open_store_file(self.path, lambda tmp: self._connect(f"sqlite:///{tmp}", kwargs).engine.dispose())
+            open_store_file(self.path, lambda tmp: self._connect(f"sqlite:///{tmp}", {}).engine.dispose())
             kwargs = {"connect_args": {"timeout": 120}}
         self.storage = self._connect(self.url, kwargs)
 

@@ -106,16 +106,21 @@ def _check_pages(path: Path) -> None:
 
 
 def _create(path: Path, create_tables) -> None:
+    if not path.parent.is_dir():
+        raise ValueError(f"invalid store {str(path)!r}: its folder {str(path.parent)!r} does not exist; create it"
+                         " or pass another --storage")
     tmp = path.with_name(f".{path.name}.{os.getpid()}{CREATING}")
-    tmp.unlink(missing_ok=True)
-    _mark(tmp)
-    create_tables(tmp)
     try:
+        tmp.unlink(missing_ok=True)
+        _mark(tmp)
+        create_tables(tmp)
         os.link(tmp, path)
     except FileExistsError:
         pass  # another worker created the store meanwhile: use theirs
+    except (OSError, sqlite3.Error) as error:
+        raise ValueError(f"cannot create store {str(path)!r}: {error}; pass another --storage") from error
     finally:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 def _remove_abandoned_builds(path: Path) -> None:
@@ -139,8 +144,12 @@ def alive(pid: int) -> bool:
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on the store file, held until the block ends or the process dies (``flock``, which
-    does not interfere with SQLite's own byte-range locks)."""
-    with open(path, "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """An exclusive lock for the store at ``path``, held until the block ends or the process dies: ``flock`` on
+    its folder, since closing a descriptor of the store file itself would drop this process's SQLite locks on
+    it (POSIX locks belong to the process and the file, not the descriptor)."""
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(folder)
