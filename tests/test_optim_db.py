@@ -21,8 +21,7 @@ from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
 import gradwise
 from tests.models import default_dtype, regression_batch
 
-pytest.importorskip("expecttest")  # torch.testing._internal imports it
-from torch.testing._internal.common_optimizers import (  # noqa: E402
+from torch.testing._internal.common_optimizers import (  # needs expecttest, in .[test]
     _get_optim_inputs_including_global_cliquey_kwargs,
     optim_db,
 )
