@@ -17,14 +17,13 @@ import pytest
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
-
-import gradwise
-from tests.models import default_dtype, regression_batch
-
 from torch.testing._internal.common_optimizers import (  # needs expecttest, in .[test]
     _get_optim_inputs_including_global_cliquey_kwargs,
     optim_db,
 )
+
+import gradwise
+from tests.models import default_dtype, regression_batch
 
 COUNTERPARTS = {torch.optim.SGD: gradwise.SGD, torch.optim.Adam: gradwise.Adam, torch.optim.AdamW: gradwise.AdamW,
                 torch.optim.NAdam: gradwise.NAdamW, torch.optim.Adafactor: gradwise.Adafactor,
