@@ -6,22 +6,11 @@ import contextlib
 import pytest
 import torch
 
-from tests.models import bag_of_tensors, mlp, regression_batch
+from tests.models import bag_of_tensors, default_dtype, mlp, regression_batch
 from tests.registry import CASES, REFERENCED, Case
 
 STEPS = 50
 TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-6)}
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """torch.optim keeps some scalar state in the default dtype; float64 references need float64 there."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _clone(params):

@@ -69,28 +69,30 @@ def test_batched_equals_one_block_at_a_time_and_trains(batch_elements, monkeypat
         assert_trajectories_close(batched, looped, dtype, **tight)
 
 
-def test_an_overflowing_gradient_skips_the_factor_update_and_the_roots_recover():
+@pytest.mark.parametrize("recipe, prefix, derived", [(gradwise.Shampoo, "shampoo", "root"),
+                                                      (gradwise.SOAP, "soap", "basis")])
+def test_an_overflowing_gradient_skips_the_factor_update_and_the_preconditioner_recovers(recipe, prefix, derived):
     """A gradient entry of 1e30 would make its block's factors inf (its square overflows float32) and
-    every later root fall back: the update is skipped instead (warned at the next refresh, counted),
-    the factors stay finite and the roots keep being recomputed from them."""
+    every later refresh of Shampoo's roots or SOAP's bases fail: the update is skipped instead (warned
+    at the next refresh, counted), the factors stay finite and the refreshes go on from them."""
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(4, 4, generator=gen).requires_grad_(), torch.randn(4, 4, generator=gen).requires_grad_()]
-    optimizer = gradwise.Shampoo(params, lr=0.01, precondition_frequency=2)
+    optimizer = recipe(params, lr=0.01, precondition_frequency=2)
     for step in range(6):
         for p in params:
             p.grad = torch.randn(4, 4, generator=gen)
         if step == 2:
             params[0].grad[0, 0] = 1e30
-        if step == 3:  # step 4 recomputes the roots
-            before = optimizer.state[params[0]]["shampoo.root_left"].clone()
+        if step == 3:  # step 4 refreshes the roots or bases
+            before = optimizer.state[params[0]][f"{prefix}.{derived}_left"].clone()
             with pytest.warns(RuntimeWarning, match="2 preconditioner factor update"):
                 optimizer.step()
-            assert not torch.equal(optimizer.state[params[0]]["shampoo.root_left"], before)
+            assert not torch.equal(optimizer.state[params[0]][f"{prefix}.{derived}_left"], before)
         else:
             optimizer.step()
     assert optimizer.skipped_factor_updates == 2 and optimizer.eigh_failures == 0  # left and right, once
     state = optimizer.state[params[0]]
-    assert all(state[f"shampoo.{k}_{side}"].isfinite().all() for k in ("factor", "root") for side in ("left", "right"))
+    assert all(state[f"{prefix}.{k}_{side}"].isfinite().all() for k in ("factor", derived) for side in ("left", "right"))
     assert all(p.isfinite().all() for p in params)
 
 
