@@ -20,14 +20,14 @@ from torch import Tensor
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
-from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
+from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
+from gradwise.core.state_check import BOOKKEEPING_KEYS, check_step, checked_load, saved_ids
+from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
 from gradwise.state.store import has_buffer, seed
 
-#: param-group keys that are not hyperparameters but that torch itself puts in groups.
-_BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
 AUTO_COMPILE_MIN_NUMEL = 1 << 20
 
@@ -118,7 +118,7 @@ class Optimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         index = len(getattr(self, "param_groups", []))
         check_new_group(param_group, index)
-        unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in _BOOKKEEPING_KEYS)
+        unknown = sorted(k for k in param_group if k not in self.hyper_specs and k not in BOOKKEEPING_KEYS)
         if unknown:
             raise ValueError(
                 f"param_groups[{index}] has unknown hyperparameter(s) {unknown}; allowed: {sorted(self.hyper_specs)}"
@@ -130,17 +130,29 @@ class Optimizer(torch.optim.Optimizer):
         for group in self.transform.split_group(param_group):  # one group, or one per route
             super().add_param_group(group)
 
+    def state_dict(self, format: str = "gradwise") -> dict[str, Any]:
+        """The optimizer's state; ``format="torch"``: as the torch.optim optimizer this recipe equals
+        keeps it (``torch_format``; encoded buffers decoded), for that optimizer's ``load_state_dict``."""
+        if format not in ("gradwise", "torch"):
+            raise ValueError(f"invalid format={format!r}: expected 'gradwise' or 'torch'")
+        state_dict = super().state_dict()
+        return to_torch(self, state_dict) if format == "torch" else state_dict
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a gradwise or a torch.optim state dict (``torch_checkpoint``), checked against the chain
+        first (``state_check.checked_load``): a refused load leaves state and param groups as they were."""
+        if is_torch_format(state_dict):
+            state_dict = from_torch(self, state_dict)
+        state_dict = checked_load(self, state_dict)
         super().load_state_dict(state_dict)
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
+            for key in self.hyper_specs:
+                group.setdefault(key, self.defaults[key])
         # torch.optim casts state to its parameter's dtype, but a transform chooses the dtype of its
         # state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64 seeds, which
-        # float32 would round), so put back the saved values, uncast.
-        saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
+        # float32 would round), so put back the checked values, uncast.
         params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, p in zip(saved_ids, params):
+        for saved_id, p in zip(saved_ids(state_dict), params):
             for key, value in state_dict["state"].get(saved_id, {}).items():
                 if isinstance(value, Tensor) and key in self.state[p] \
                         and self.state[p][key].dtype != value.dtype:
@@ -152,20 +164,11 @@ class Optimizer(torch.optim.Optimizer):
             spec.validate(key, group[key])
 
     def _check_inputs(self) -> None:
-        """Before anything changes: every group's hyperparameters are valid, every gradient dense, and
-        the chain accepts every parameter it has no state for yet (``init`` on the meta device may
-        refuse one, as GaLore refuses a rank above min(m, n))."""
-        for index, group in enumerate(self.param_groups):
-            self._validate(group)
-            for p in group["params"]:
-                if p.grad is not None and p not in self.state:
-                    shape = torch.view_as_real(p).shape if p.is_complex() else p.shape
-                    self.transform.for_group(group).init(torch.empty(shape, dtype=p.dtype, device="meta"), group)
-                if p.grad is not None and p.grad.is_sparse:
-                    raise TypeError(
-                        f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
-                        " gradients (use torch.optim.SparseAdam for sparse embeddings)"
-                    )
+        """Before anything changes, for every group (``state_check.check_step``): hyperparameters,
+        gradients (dense, shaped, typed and placed as their parameter), whether the chain accepts
+        each parameter (``init`` on the meta device may refuse one, as GaLore refuses a rank above
+        min(m, n)) and the shapes of the state it has."""
+        check_step(self)
 
     # ----------------------------------------------------------------- train and eval points
     @torch.no_grad()
@@ -268,11 +271,6 @@ class Optimizer(torch.optim.Optimizer):
             raise
 
     def _run(self, transform, params, states, values, layout, static) -> None:
-        if not transform.elementwise and isinstance(params[0], DTensor):
-            raise NotImplementedError(
-                f"{transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
-                " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
-            )
         encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
         if encoded:
             order = sorted(encoded)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, scale_by_nadam
 
@@ -12,6 +13,8 @@ class NAdamW(Optimizer):
 
     p <- p - lr (nadam(g) + wd p), with ``momentum_decay`` psi scheduling mu_t = b1 (1 - 0.5 * 0.96^(t psi)).
     """
+
+    torch_format = TorchFormat("torch.optim.NAdam", group={"decoupled_weight_decay": True})
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, momentum_decay=4e-3,
                  *, maximize=False, skip_nonfinite=False, compile="auto", state=None,
