@@ -62,19 +62,18 @@ def from_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
     groups = []
     for index, (group, saved) in enumerate(zip(optimizer.param_groups, state_dict.get("param_groups", []))):
         fmt = format_for(optimizer, group)
-        converted = {}
+        converted = {k: v for k, v in saved.items() if k in optimizer.hyper_specs or k in BOOKKEEPING_KEYS}
+        foreign = [f"{k}={v!r}" for k, v in saved.items() if k not in converted and k not in fmt.group
+                   and k not in TORCH_EXECUTION_KEYS]
+        if foreign:
+            raise ValueError(f"torch.optim state_dict['param_groups'][{index}] has {', '.join(foreign)}, which"
+                             f" {fmt.optimizer} does not have; expected the keys of {fmt.optimizer}:"
+                             f" {sorted(set(optimizer.hyper_specs) - {'route', 'param_rounding'})}")
         for key, value in saved.items():
-            if key in optimizer.hyper_specs or key in BOOKKEEPING_KEYS:
-                converted[key] = value
-            elif key in fmt.group:
-                if value != fmt.group[key]:
-                    raise ValueError(f"torch.optim state_dict['param_groups'][{index}] has {key}={value!r}:"
-                                     f" gradwise.{type(optimizer).__name__} computes {fmt.optimizer} with"
-                                     f" {key}={fmt.group[key]!r} only")
-            elif key not in TORCH_EXECUTION_KEYS:
-                raise ValueError(f"torch.optim state_dict['param_groups'][{index}] has {key}={value!r}, which"
-                                 f" {fmt.optimizer} does not have; expected keys of {fmt.optimizer}:"
-                                 f" {sorted(set(optimizer.hyper_specs) - {'route', 'param_rounding'})}")
+            if key in fmt.group and key not in converted and value != fmt.group[key]:
+                raise ValueError(f"torch.optim state_dict['param_groups'][{index}] has {key}={value!r}:"
+                                 f" gradwise.{type(optimizer).__name__} computes {fmt.optimizer} with"
+                                 f" {key}={fmt.group[key]!r} only")
         groups.append({**{k: v for k, v in group.items() if k != "params"}, **converted})
     states = {}
     owners = {}
