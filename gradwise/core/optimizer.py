@@ -391,10 +391,12 @@ def _save_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str
 
 def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     saved = state_dict.get("gradwise", {})
-    optimizer.skipped_steps = saved.get("skipped_steps", 0)
-    mode = saved.get("mode", "train")
+    skipped, mode = saved.get("skipped_steps", 0), saved.get("mode", "train")
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        raise ValueError(f"invalid state_dict['gradwise']['skipped_steps']={skipped!r}: expected a whole number >= 0")
     if mode not in ("train", "eval"):
         raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
+    optimizer.skipped_steps = skipped
     # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
     optimizer.mode = mode
     return state_dict

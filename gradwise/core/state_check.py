@@ -157,7 +157,7 @@ def _step(value: Any, label: str) -> Tensor:
     number = value.item() if isinstance(value, Tensor) and value.numel() == 1 else value
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
             or number < 0 or number != int(number):
-        raise ValueError(f"state of {label} has 'step'={_describe(value)}; expected a whole number >= 0"
+        raise ValueError(f"state of {label} has 'step'={value!r}; expected a whole number >= 0"
                          " (a 0-d tensor or a plain number)")
     return torch.tensor(float(number), dtype=torch.float32)  # on the CPU, as in torch.optim
 
