@@ -244,9 +244,11 @@ class Optimizer(torch.optim.Optimizer):
         hyper, static = self._hyper_values(group)
         transform = self.transform.for_group(group)
         advances = uses(transform, "advance")
-        # A failed step changes nothing in this bucket: counters, the scalar state that advance()
-        # writes and newly created state are put back (param-shaped state is written only by a
-        # graph that compiled, on copies first, so a compile failure never reaches it).
+        # Everything a step can check was checked before its first write (state_check.check_step).
+        # On an exception here the counters, the 0-d state advance() wrote and newly created state
+        # are put back, so a compile failure (graphs compile on copies first) changes nothing. An
+        # exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier groups and
+        # buckets stepped and this bucket's parameters and param-shaped state in part (README).
         saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] if advances else []
         try:
             by_step: dict[int, list[int]] = defaultdict(list)
