@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections import defaultdict
-from itertools import chain as chain_iterables
 from typing import Any, Iterable
 
 import torch
@@ -22,7 +21,7 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean
 from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
-from gradwise.core.state_check import BOOKKEEPING_KEYS, check_step, checked_load, saved_ids
+from gradwise.core.state_check import BOOKKEEPING_KEYS, check_step, checked_load, put_back_uncast
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
@@ -148,15 +147,7 @@ class Optimizer(torch.optim.Optimizer):
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
             for key in self.hyper_specs:
                 group.setdefault(key, self.defaults[key])
-        # torch.optim casts state to its parameter's dtype, but a transform chooses the dtype of its
-        # state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64 seeds, which
-        # float32 would round), so put back the checked values, uncast.
-        params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, p in zip(saved_ids(state_dict), params):
-            for key, value in state_dict["state"].get(saved_id, {}).items():
-                if isinstance(value, Tensor) and key in self.state[p] \
-                        and self.state[p][key].dtype != value.dtype:
-                    self.state[p][key] = value.to(device=p.device)
+        put_back_uncast(self, state_dict)
         self._encoded.after_load(self, state_dict)
 
     def _validate(self, group: dict[str, Any]) -> None:

@@ -26,10 +26,16 @@ Spec = dict[str, tuple[torch.Size, torch.dtype]]
 
 
 def expected_state(optimizer, p: Tensor, group: Mapping[str, Any]) -> Spec:
-    """``{buffer: (shape, dtype)}`` that the group's chain keeps for ``p`` (``init`` on the meta device)."""
+    """``{buffer: (shape, dtype)}`` that the group's chain keeps for ``p`` (``init`` on the meta device).
+
+    Cached by what decides shapes: the parameter's shape and dtype, the group's static
+    hyperparameters and which ``zero_is_identity`` ones are zero (``trace`` keeps no buffer without
+    momentum), not the numbers a scheduler changes every step."""
     transform = optimizer.transform.for_group(group)
     signature = (id(transform), tuple(p.shape), p.dtype,
-                 tuple((k, repr(group[k])) for k in optimizer.hyper_specs if k in group))
+                 tuple((k, repr(group[k]) if spec.static else float(group[k]) != 0.0)
+                       for k, spec in optimizer.hyper_specs.items()
+                       if k in group and (spec.static or spec.zero_is_identity)))
     cache = optimizer.__dict__.setdefault("_expected_state", {})
     if signature not in cache:
         meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
@@ -187,3 +193,14 @@ def _describe(value: Any) -> str:
 def saved_ids(state_dict: Mapping[str, Any]):
     """The saved parameter ids, in group order."""
     return chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
+
+
+def put_back_uncast(optimizer, state_dict: Mapping[str, Any]) -> None:
+    """After torch's loader: torch.optim casts state to its parameter's dtype, but a transform chooses
+    the dtype of its state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64
+    seeds, which float32 would round), so put back the checked values, uncast."""
+    params = chain_iterables.from_iterable(g["params"] for g in optimizer.param_groups)
+    for saved_id, p in zip(saved_ids(state_dict), params):
+        for key, value in state_dict["state"].get(saved_id, {}).items():
+            if isinstance(value, Tensor) and key in optimizer.state[p] and optimizer.state[p][key].dtype != value.dtype:
+                optimizer.state[p][key] = value.to(device=p.device)
