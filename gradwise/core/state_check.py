@@ -25,23 +25,26 @@ BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
 Spec = dict[str, tuple[torch.Size, torch.dtype]]
 
 
-def expected_state(optimizer, p: Tensor, group: Mapping[str, Any]) -> Spec:
-    """``{buffer: (shape, dtype)}`` that the group's chain keeps for ``p`` (``init`` on the meta device).
-
-    Cached by what decides shapes: the parameter's shape and dtype, the group's static
-    hyperparameters and which ``zero_is_identity`` ones are zero (``trace`` keeps no buffer without
-    momentum), not the numbers a scheduler changes every step."""
-    transform = optimizer.transform.for_group(group)
-    signature = (id(transform), tuple(p.shape), p.dtype,
-                 tuple((k, repr(group[k]) if spec.static else float(group[k]) != 0.0)
-                       for k, spec in optimizer.hyper_specs.items()
-                       if k in group and (spec.static or spec.zero_is_identity)))
+def expected_state(optimizer, p: Tensor, group: Mapping[str, Any], resolved: tuple | None = None) -> Spec:
+    """``{buffer: (shape, dtype)}`` that the group's chain keeps for ``p`` (``init`` on the meta device),
+    cached by the parameter's shape and dtype and the group's chain and ``shape_signature``
+    (``resolved``: both, computed once per group by a caller that checks many parameters)."""
+    transform, signature = resolved or (optimizer.transform.for_group(group), shape_signature(optimizer, group))
+    key = (id(transform), p.shape, p.dtype, signature)
     cache = optimizer.__dict__.setdefault("_expected_state", {})
-    if signature not in cache:
+    if key not in cache:
         meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
         fresh = transform.init(torch.view_as_real(meta) if p.is_complex() else meta, group)
-        cache[signature] = {k: (v.shape, v.dtype) for k, v in fresh.items()}
-    return cache[signature]
+        cache[key] = {k: (v.shape, v.dtype) for k, v in fresh.items()}
+    return cache[key]
+
+
+def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
+    """What decides the shapes of a group's state: its static hyperparameters and which
+    ``zero_is_identity`` ones are zero (``trace`` keeps no buffer without momentum), not the numbers
+    a scheduler changes every step."""
+    return tuple((k, repr(group[k]) if spec.static else float(group[k]) != 0.0)
+                 for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
 
 
 def check_step(optimizer) -> None:
@@ -49,29 +52,29 @@ def check_step(optimizer) -> None:
     gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
     for index, group in enumerate(optimizer.param_groups):
         optimizer._validate(group)
+        transform = optimizer.transform.for_group(group)
+        resolved = (transform, shape_signature(optimizer, group))
         for p in group["params"]:
             if p.grad is None:
                 continue
-            label = param_label(group, p, index)
             g = p.grad
             if g.is_sparse:
-                raise TypeError(f"{label} has a sparse gradient; gradwise optimizers need dense gradients"
+                raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense gradients"
                                 " (use torch.optim.SparseAdam for sparse embeddings)")
             if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-                raise ValueError(f"{label} has a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device};"
+                raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            transform = optimizer.transform.for_group(group)
             if not transform.elementwise and isinstance(p, DTensor):
                 raise NotImplementedError(
-                    f"{label}: {transform!r} needs whole tensors, and gradwise does not yet gather DTensor"
+                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet gather DTensor"
                     " shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
-            expected = expected_state(optimizer, p, group)
+            expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
                 if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:
-                    raise ValueError(f"{label} has state {key!r} of shape {tuple(value.shape)}; expected shape"
+                    raise ValueError(f"{param_label(group, p, index)} has state {key!r} of shape {tuple(value.shape)}; expected shape"
                                      f" {tuple(expected[key][0])}")
                 if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
-                    raise TypeError(f"{label} has state 'step'={value!r}; expected a 0-d tensor")
+                    raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
 
 
 def checked_load(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,8 @@ def from_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """The torch.optim ``state_dict`` as this optimizer's own, or a ``ValueError`` saying why not."""
     groups = []
     for index, (group, saved) in enumerate(zip(optimizer.param_groups, state_dict.get("param_groups", []))):
+        if not isinstance(saved, Mapping) or not isinstance(saved.get("params"), list):
+            return dict(state_dict)  # refused, by name, in state_check.checked_load
         fmt = format_for(optimizer, group)
         converted = {k: v for k, v in saved.items() if k in optimizer.hyper_specs or k in BOOKKEEPING_KEYS}
         foreign = [f"{k}={v!r}" for k, v in saved.items() if k not in converted and k not in fmt.group
@@ -123,7 +125,7 @@ def to_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         if group.get("param_rounding", "nearest") != "nearest":
             raise ValueError(f"{type(optimizer).__name__} with param_rounding={group['param_rounding']!r} has no"
                              f" torch.optim counterpart: {fmt.optimizer} rounds to nearest")
-        groups.append({**{k: v for k, v in saved.items() if k not in ("route", "param_rounding")}, **fmt.group})
+        groups.append({**fmt.group, **{k: v for k, v in saved.items() if k not in ("route", "param_rounding")}})
     params = [p for g in optimizer.param_groups for p in g["params"]]
     owners = dict(zip(saved_ids(state_dict), params))
     states = {}
