@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from gradwise.core.torch_checkpoint import format_for
 from tests.registry import CASES, build
 
 
@@ -165,6 +166,40 @@ def _torch_sgd_checkpoint(optimizer, b, saved):
     return "torch.optim"
 
 
+def _torch_checkpoint(edit, error, *words):
+    """A fault in this optimizer's own checkpoint exported as torch.optim's (``state_dict(format="torch")``)."""
+    def make(optimizer, w, b):
+        saved = copy.deepcopy(optimizer.state_dict(format="torch"))
+        found = edit(saved)
+        if found is None:
+            return None
+        return (lambda: optimizer.load_state_dict(saved)), error, [w.format(found=found) for w in words]
+    return make
+
+
+def _torch_wrong_shape(saved):
+    key = next(k for k in saved["state"][1] if k != "step")
+    saved["state"][1][key] = torch.zeros(5, 2)
+    return key
+
+
+def _torch_missing(saved):
+    key = next(k for k in saved["state"][1] if k != "step")
+    del saved["state"][1][key]
+    return key
+
+
+def _torch_unknown(saved):
+    saved["state"][1]["bogus"] = torch.zeros(3)
+    return "bogus"
+
+
+def _torch_amsgrad(saved):
+    if "amsgrad" in saved["param_groups"][-1]:
+        saved["param_groups"][-1]["amsgrad"] = True
+        return "amsgrad=True"
+
+
 LOAD_FAULTS = {
     "buffer of the wrong shape": _loading(_wrong_shape, ValueError, "parameter 'b'", "{found}", "(5, 2)", "expected shape"),
     "buffer a python float": _loading(_python_float, TypeError, "parameter 'b'", "{found}", "0.5 (a float)",
@@ -194,6 +229,13 @@ LOAD_FAULTS = {
     "bad mode": _loading(_counter("mode", "test"), ValueError, "'mode'", "'test'", "'train' or 'eval'"),
     "negative skipped_steps": _loading(_counter("skipped_steps", -3), ValueError, "skipped_steps", "-3", ">= 0"),
     "torch SGD checkpoint": _loading(_torch_sgd_checkpoint, ValueError, "{found}"),
+    "torch checkpoint, wrong-shaped buffer": _torch_checkpoint(_torch_wrong_shape, ValueError, "parameter 'b'",
+                                                               "{found}'", "(5, 2)", "expected shape"),
+    "torch checkpoint, missing buffer": _torch_checkpoint(_torch_missing, ValueError, "torch.optim state of",
+                                                          "parameter 'b'", "'{found}'", "keeps"),
+    "torch checkpoint, unknown buffer": _torch_checkpoint(_torch_unknown, ValueError, "torch.optim state of",
+                                                          "parameter 'b'", "'bogus'", "keeps"),
+    "torch checkpoint, amsgrad": _torch_checkpoint(_torch_amsgrad, ValueError, "{found}", "amsgrad=False only"),
 }
 
 
@@ -282,18 +324,28 @@ FAULTS = {**LOAD_FAULTS, **STEP_FAULTS}
 
 
 def _features(case):
-    """What a case has for faults to corrupt: buffers of ``b``, second moments of ``b``, group keys."""
+    """What a case has for faults to corrupt: buffers of ``b``, second moments of ``b``, group keys, and
+    the torch.optim format of ``b``'s group, if any."""
     optimizer, _, b = _optimizer(case)
+    group = optimizer.param_groups[-1]  # b's
+    declared = getattr(optimizer, "torch_format", None)
+    fmt = format_for(optimizer, group) if declared is not None else None
     return {"buffer": bool(_buffers(optimizer, b)), "nonnegative": bool(_buffers(optimizer, b, nonnegative=True)),
-            "betas": "betas" in optimizer.param_groups[-1], "weight_decay": "weight_decay" in optimizer.param_groups[-1],
-            "not SGD": case.recipe.__name__ != "SGD"}
+            "betas": "betas" in group, "weight_decay": "weight_decay" in group,
+            "not SGD": case.recipe.__name__ != "SGD",
+            "torch": fmt is not None and bool(_buffers(optimizer, b)),
+            # torch.optim.SGD keeps no step: a parameter without a momentum buffer is one it never stepped
+            "torch counts steps": fmt is not None and fmt.counts_steps,
+            "torch amsgrad": fmt is not None and "amsgrad" in fmt.group}
 
 
 #: the faults that need something of the case to corrupt; the others apply to every case
 NEEDS = {"buffer of the wrong shape": "buffer", "buffer a python float": "buffer", "buffer of integers": "buffer",
          "negative second moment": "nonnegative", "buffer holding NaN": "buffer", "missing buffer": "buffer",
          "betas out of range": "betas", "missing step": "buffer", "NaN weight decay": "weight_decay", "torch SGD checkpoint": "not SGD",
-         "state of the wrong shape": "buffer"}
+         "state of the wrong shape": "buffer", "torch checkpoint, wrong-shaped buffer": "torch",
+         "torch checkpoint, missing buffer": "torch counts steps", "torch checkpoint, unknown buffer": "torch",
+         "torch checkpoint, amsgrad": "torch amsgrad"}
 SWEEP = [pytest.param(case, name, id=f"{case.name}-{name.replace(' ', '_')}")
          for case, features in ((c, _features(c)) for c in CASES)
          for name in FAULTS if name not in NEEDS or features[NEEDS[name]]]
