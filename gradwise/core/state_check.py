@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from gradwise.core.params import DTensor, param_label
+from gradwise.state.codec import codec_from
+from gradwise.state.store import MARK, layout, parts_of
 
 #: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
 TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -85,9 +87,6 @@ def checked_load(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
     for a parameter no group lists, a missing ``step`` or buffer, a buffer that is not a tensor, of
     the wrong shape or kind of dtype, not finite, or negative where the chain keeps it nonnegative.
     """
-    from gradwise.state.store import MARK, layout, parts_of
-    from gradwise.state.codec import codec_from
-
     if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping) \
             or not isinstance(state_dict.get("param_groups"), list):
         raise TypeError(f"invalid state_dict of type {type(state_dict).__name__}: expected a dict with a 'state'"
@@ -120,46 +119,48 @@ def checked_load(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
     strays = sorted(map(repr, set(state_dict["state"]) - set(owners)))
     if strays:
         raise ValueError(f"state_dict['state'] has entries for {', '.join(strays)}, which no param group lists")
-    states = {}
-    for saved_id, saved_state in state_dict["state"].items():
-        p, group, index = owners[saved_id]
-        label = param_label(group, p, index)
-        if not isinstance(saved_state, Mapping):
-            raise TypeError(f"state_dict['state'][{saved_id!r}] ({label}) is a {type(saved_state).__name__};"
-                            " expected a dict of tensors")
-        if not saved_state:
-            states[saved_id] = {}
-            continue
-        expected = expected_state(optimizer, p, group)
-        extra = getattr(optimizer, "extra_state", {})
-        plain, encoded = layout(tuple(saved_state))
-        found = set(plain) | {b for b, _ in encoded}
-        missing = sorted(set(expected) - found) + (["step"] if "step" not in found else [])
-        unknown = sorted(found - set(expected) - set(extra) - {"step"})
-        if missing or unknown:
-            raise ValueError(f"state of {label} has keys {sorted(found)}; {type(optimizer).__name__}'s chain keeps"
-                             f" {sorted([*expected, 'step'])}" + (f" (missing {missing})" if missing else "")
-                             + (f" (unknown {unknown})" if unknown else ""))
-        out = {"step": _step(saved_state["step"], label)}
-        for key in plain:
-            if key == "step":
-                continue
-            shape, dtype = expected[key] if key in expected else extra[key]
-            out[key] = _buffer(saved_state[key], label, key, shape, dtype,
-                               key in optimizer.transform.for_group(group).nonnegative)
-        for buffer, tag in encoded:
-            shape, dtype = expected[buffer]
-            codec = codec_from(tag)
-            signed = buffer not in optimizer.transform.for_group(group).nonnegative
-            parts = parts_of(saved_state, buffer, tag)
-            for part, want in codec.empty(shape, signed, torch.device("meta")).items():
-                have = parts.get(part)
-                if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
-                    raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"
-                                     f" {_describe(have)}; expected shape {tuple(want.shape)}, {want.dtype}")
-            out.update({f"{buffer}{MARK}{tag}.{part}": v for part, v in parts.items()})
-        states[saved_id] = out
+    states = {saved_id: _checked_state(optimizer, saved_id, saved_state, *owners[saved_id])
+              for saved_id, saved_state in state_dict["state"].items()}
     return {**state_dict, "state": states, "param_groups": groups}
+
+
+def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapping[str, Any], index: int):
+    """One parameter's saved state, checked against its group's chain (see ``checked_load``)."""
+    label = param_label(group, p, index)
+    if not isinstance(saved_state, Mapping):
+        raise TypeError(f"state_dict['state'][{saved_id!r}] ({label}) is a {type(saved_state).__name__};"
+                        " expected a dict of tensors")
+    if not saved_state:
+        return {}
+    expected = expected_state(optimizer, p, group)
+    extra = getattr(optimizer, "extra_state", {})
+    plain, encoded = layout(tuple(saved_state))
+    found = set(plain) | {b for b, _ in encoded}
+    missing = sorted(set(expected) - found) + (["step"] if "step" not in found else [])
+    unknown = sorted(found - set(expected) - set(extra) - {"step"})
+    if missing or unknown:
+        raise ValueError(f"state of {label} has keys {sorted(found)}; {type(optimizer).__name__}'s chain keeps"
+                         f" {sorted([*expected, 'step'])}" + (f" (missing {missing})" if missing else "")
+                         + (f" (unknown {unknown})" if unknown else ""))
+    nonnegative = optimizer.transform.for_group(group).nonnegative
+    out = {"step": _step(saved_state["step"], label)}
+    for key in plain:
+        if key == "step":
+            continue
+        shape, dtype = expected[key] if key in expected else extra[key]
+        out[key] = _buffer(saved_state[key], label, key, shape, dtype, key in nonnegative)
+    for buffer, tag in encoded:
+        shape, dtype = expected[buffer]
+        codec = codec_from(tag)
+        signed = buffer not in nonnegative
+        parts = parts_of(saved_state, buffer, tag)
+        for part, want in codec.empty(shape, signed, torch.device("meta")).items():
+            have = parts.get(part)
+            if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
+                raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"
+                                 f" {_describe(have)}; expected shape {tuple(want.shape)}, {want.dtype}")
+        out.update({f"{buffer}{MARK}{tag}.{part}": v for part, v in parts.items()})
+    return out
 
 
 def _step(value: Any, label: str) -> Tensor:
