@@ -39,12 +39,15 @@ def torch_name(key: str) -> str:
 
 
 def is_torch_format(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` came from torch.optim: no gradwise entry, and no namespaced state key."""
-    states = state_dict.get("state")
-    if "gradwise" in state_dict or not isinstance(states, Mapping):
+    """Whether ``state_dict`` came from torch.optim: no gradwise entry, and state keys that are not
+    namespaced (with no state at all: groups that hold torch's execution options)."""
+    states, groups = state_dict.get("state"), state_dict.get("param_groups")
+    if "gradwise" in state_dict or not isinstance(states, Mapping) or not isinstance(groups, list):
         return False
-    return not any(isinstance(st, Mapping) and any(isinstance(k, str) and ("." in k or "@" in k) for k in st)
-                   for st in states.values())
+    keys = [k for st in states.values() if isinstance(st, Mapping) for k in st if k != "step"]
+    if keys:
+        return not any(isinstance(k, str) and ("." in k or "@" in k) for k in keys)
+    return any(isinstance(g, Mapping) and any(k in g for k in TORCH_EXECUTION_KEYS) for g in groups)
 
 
 def format_for(optimizer, group: Mapping[str, Any]) -> TorchFormat:
