@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections import defaultdict
-from itertools import chain as chain_iterables
 from typing import Any, Iterable
 
 import torch
@@ -20,14 +19,14 @@ from torch import Tensor
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
-from gradwise.core.params import DTensor, any_rank, check_disjoint, check_new_group, local, param_label
+from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
+from gradwise.core.state_check import BOOKKEEPING_KEYS, check_step, checked_load, group_defaults, put_back_uncast
+from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
 from gradwise.state.store import has_buffer, seed
 
-#: param-group keys that are not hyperparameters but that torch itself puts in groups.
-_BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
 _REBUILT = ("_compiled", "_positions")
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
@@ -147,7 +146,7 @@ class Optimizer(torch.optim.Optimizer):
         # keys of the user's own (layer_id, timm's lr_scale) stay in the group, as torch keeps them;
         # one that looks like a misspelt hyperparameter gets a warning
         for key in param_group:
-            likely = likely_misspelling(key, self.hyper_specs) if key not in _BOOKKEEPING_KEYS else None
+            likely = likely_misspelling(key, self.hyper_specs) if key not in BOOKKEEPING_KEYS else None
             if likely is not None:
                 warnings.warn(f"param_groups[{index}] has key {key!r}, which {type(self).__name__} does not read;"
                               f" did you mean {likely!r}? (the group keeps {key!r} as it is)", stacklevel=3)
@@ -157,24 +156,28 @@ class Optimizer(torch.optim.Optimizer):
         check_disjoint(param_group, index, getattr(self, "param_groups", []))
         for group in self.transform.split_group(param_group):  # one group, or one per route
             super().add_param_group(group)
-            for key, spec in self.hyper_specs.items():  # a hyperparameter a recipe keeps out of its defaults
-                self.param_groups[-1].setdefault(key, spec.default)
+            for key, value in group_defaults(self).items():  # with those a recipe keeps out of its defaults
+                self.param_groups[-1].setdefault(key, value)
+
+    def state_dict(self, format: str = "gradwise") -> dict[str, Any]:
+        """The optimizer's state; ``format="torch"``: as the torch.optim optimizer this recipe equals
+        keeps it (``torch_format``; encoded buffers decoded), for that optimizer's ``load_state_dict``."""
+        if format not in ("gradwise", "torch"):
+            raise ValueError(f"invalid format={format!r}: expected 'gradwise' or 'torch'")
+        state_dict = super().state_dict()
+        return to_torch(self, state_dict) if format == "torch" else state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a gradwise or a torch.optim state dict (``torch_checkpoint``), checked against the chain
+        first (``state_check.checked_load``): a refused load leaves state and param groups as they were."""
+        if is_torch_format(state_dict):
+            state_dict = from_torch(self, state_dict)
+        state_dict = checked_load(self, state_dict)
         super().load_state_dict(state_dict)
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
-            for key, value in self.defaults.items():
+            for key, value in group_defaults(self).items():
                 group.setdefault(key, value)
-        # torch.optim casts state to its parameter's dtype, but a transform chooses the dtype of its
-        # state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64 seeds, which
-        # float32 would round), so put back the saved values, uncast.
-        saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
-        params = chain_iterables.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, p in zip(saved_ids, params):
-            for key, value in state_dict["state"].get(saved_id, {}).items():
-                if isinstance(value, Tensor) and key in self.state[p] \
-                        and self.state[p][key].dtype != value.dtype:
-                    self.state[p][key] = value.to(device=p.device)
+        put_back_uncast(self, state_dict)
         self._encoded.after_load(self, state_dict)
 
     def _validate(self, group: dict[str, Any]) -> None:
@@ -182,20 +185,11 @@ class Optimizer(torch.optim.Optimizer):
             spec.validate(key, group[key])
 
     def _check_inputs(self) -> None:
-        """Before anything changes: every group's hyperparameters are valid, every gradient dense, and
-        the chain accepts every parameter it has no state for yet (``init`` on the meta device may
-        refuse one, as GaLore refuses a rank above min(m, n))."""
-        for index, group in enumerate(self.param_groups):
-            self._validate(group)
-            for p in group["params"]:
-                if p.grad is not None and p not in self.state:
-                    shape = torch.view_as_real(p).shape if p.is_complex() else p.shape
-                    self.transform.for_group(group).init(torch.empty(shape, dtype=p.dtype, device="meta"), group)
-                if p.grad is not None and p.grad.is_sparse:
-                    raise TypeError(
-                        f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense"
-                        " gradients (use torch.optim.SparseAdam for sparse embeddings)"
-                    )
+        """Before anything changes, for every group (``state_check.check_step``): hyperparameters,
+        gradients (dense, shaped, typed and placed as their parameter), whether the chain accepts
+        each parameter (``init`` on the meta device may refuse one, as GaLore refuses a rank above
+        min(m, n)) and the shapes of the state it has."""
+        check_step(self)
 
     # ----------------------------------------------------------------- train and eval points
     @torch.no_grad()
@@ -271,9 +265,11 @@ class Optimizer(torch.optim.Optimizer):
         hyper, static = self._hyper_values(group)
         transform = self.transform.for_group(group)
         advances = uses(transform, "advance")
-        # A failed step changes nothing in this bucket: counters, the scalar state that advance()
-        # writes and newly created state are put back (param-shaped state is written only by a
-        # graph that compiled, on copies first, so a compile failure never reaches it).
+        # Everything a step can check was checked before its first write (state_check.check_step).
+        # On an exception here the counters, the 0-d state advance() wrote and newly created state
+        # are put back, so a compile failure (graphs compile on copies first) changes nothing. An
+        # exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier groups and
+        # buckets stepped and this bucket's parameters and param-shaped state in part (README).
         saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] if advances else []
         try:
             by_step: dict[int, list[int]] = defaultdict(list)
@@ -298,11 +294,6 @@ class Optimizer(torch.optim.Optimizer):
             raise
 
     def _run(self, transform, params, states, values, layout, static) -> None:
-        if not transform.elementwise and isinstance(params[0], DTensor):
-            raise NotImplementedError(
-                f"{transform!r} needs whole tensors, and gradwise does not yet gather DTensor shards;"
-                " use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2"
-            )
         encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
         if encoded:
             order = sorted(encoded)
@@ -423,10 +414,12 @@ def _save_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str
 
 def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     saved = state_dict.get("gradwise", {})
-    optimizer.skipped_steps = saved.get("skipped_steps", 0)
-    mode = saved.get("mode", "train")
+    skipped, mode = saved.get("skipped_steps", 0), saved.get("mode", "train")
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        raise ValueError(f"invalid state_dict['gradwise']['skipped_steps']={skipped!r}: expected a whole number >= 0")
     if mode not in ("train", "eval"):
         raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
+    optimizer.skipped_steps = skipped
     # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
     optimizer.mode = mode
     return state_dict

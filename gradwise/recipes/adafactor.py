@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import chain
 from gradwise.transforms.factored import (
@@ -23,6 +24,8 @@ class Adafactor(Optimizer):
     p <- p - min(lr, 1/sqrt(t)) max(eps2, rms(p)) U - lr wd p.
     ``foreach`` is accepted and has no effect (``gradwise.core.torch_flags``).
     """
+
+    torch_format = TorchFormat("torch.optim.Adafactor")
 
     def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
                  foreach=None, maximize=False, skip_nonfinite=False, compile="auto", state=None,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import Chain, chain
 from gradwise.transforms import add_decayed_weights, scale_by_adam, scale_by_learning_rate
@@ -30,7 +31,9 @@ class Adam(Optimizer):
                  param_rounding="nearest"):
         compile = compile_for_torch_flags("Adam", compile, foreach=foreach, fused=fused,
                                           differentiable=differentiable, capturable=capturable)
-        super().__init__(params, adam_chain(decoupled_weight_decay), lr=lr, betas=betas, eps=eps,
+        transform = adam_chain(decoupled_weight_decay)
+        self.torch_format = TorchFormat("torch.optim.Adam", group={"decoupled_weight_decay": decoupled_weight_decay})
+        super().__init__(params, transform, lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                          skip_nonfinite=skip_nonfinite, compile=compile, state=state, param_rounding=param_rounding)
 
@@ -40,6 +43,8 @@ class AdamW(Optimizer):
 
     torch.optim.AdamW's arguments and defaults, ``amsgrad`` and torch's implementation keywords as for ``Adam``.
     """
+
+    torch_format = TorchFormat("torch.optim.AdamW", group={"decoupled_weight_decay": True})
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,

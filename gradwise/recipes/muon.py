@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_adam, scale_by_learning_rate
 from gradwise.transforms.momentum import trace_ema
@@ -30,6 +31,10 @@ class Muon(Optimizer):
     ``state``: the storage of the momentum buffer and AdamW's moments (``"bf16"``, ``"int8"``, ...),
     as for AdamW; each parameter is decoded, stepped by its route's chain and encoded again.
     """
+
+    #: torch.optim.Muon for the matrices, torch.optim.AdamW for the rest (torch keeps them in two optimizers)
+    torch_format = {"matrix": TorchFormat("torch.optim.Muon", counts_steps=False),
+                    "other": TorchFormat("torch.optim.AdamW", group={"decoupled_weight_decay": True})}
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=MUON_COEFFICIENTS, eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,

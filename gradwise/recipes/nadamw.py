@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, scale_by_nadam
@@ -23,6 +24,7 @@ class NAdamW(Optimizer):
         compile = compile_for_torch_flags("NAdamW", compile, foreach=foreach, differentiable=differentiable,
                                           capturable=capturable)
         boolean("decoupled_weight_decay", decoupled_weight_decay)
+        self.torch_format = TorchFormat("torch.optim.NAdam", group={"decoupled_weight_decay": decoupled_weight_decay})
         if decoupled_weight_decay:
             transform = chain(scale_by_nadam(), add_decayed_weights(), scale_by_learning_rate())
         else:

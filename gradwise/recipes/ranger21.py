@@ -56,6 +56,9 @@ class Ranger21(Optimizer):
     state_refusal = ("its step() shapes every gradient and reads its moments by name before the chain runs,"
                      " while encoded state decodes each parameter's buffers inside the chain's step")
 
+    #: a state key outside the chain's: the running sum of v (0-d float64), made at the first step
+    extra_state = {VARIANCE_SUM: (torch.Size([]), torch.float64)}
+
     def __init__(self, params, lr, lookahead_active=True, lookahead_mergetime=5, lookahead_blending_alpha=0.5,
                  lookahead_load_at_validation=False, use_madgrad=False, use_adabelief=False, softplus=True,
                  beta_softplus=50, using_gc=True, using_normgc=True, gc_conv_only=False, normloss_active=True,

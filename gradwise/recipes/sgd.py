@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
+from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.torch_flags import compile_for_torch_flags
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, trace
@@ -14,6 +15,8 @@ class SGD(Optimizer):
     p <- p - lr (g + mu b)  (nesterov)  or  p <- p - lr b.
     torch's ``foreach``, ``fused`` and ``differentiable`` as in ``gradwise.core.torch_flags``.
     """
+
+    torch_format = TorchFormat("torch.optim.SGD", counts_steps=False)
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False, fused=None, skip_nonfinite=False,

@@ -77,11 +77,13 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
         "ns_dtype": Hyper(torch.bfloat16, _ns_dtype, static=True),
     }
 
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        _check_matrix(param)  # so that the optimizer refuses it before a step's first write
+        return {}
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         for u in updates:
-            if u.dim() != 2:
-                raise ValueError(f"orthogonalize_by_newton_schulz: got an update of shape {tuple(u.shape)};"
-                                 " it orthogonalizes 2-D matrices only (route others to another chain)")
+            _check_matrix(u)
         dtype = ctx["ns_dtype"]
         by_shape: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, u in enumerate(updates):
@@ -122,3 +124,9 @@ def shape_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return 1.0
+
+
+def _check_matrix(t: Tensor) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"orthogonalize_by_newton_schulz: got a tensor of shape {tuple(t.shape)};"
+                         " it orthogonalizes 2-D matrices only (route others to another chain)")

@@ -1,0 +1,213 @@
+"""Checks on optimizer state and gradients against what the chain declares, before anything changes.
+
+The chain's ``init`` on the meta device gives every buffer's expected shape and dtype for a
+parameter (and refuses a parameter the chain cannot step, as GaLore refuses a rank above
+min(m, n)). ``check_step`` runs before a step's first write, over every group; ``checked_load``
+runs before ``load_state_dict`` replaces anything, and returns the state dict to load: buffers
+cast to the chain's dtypes, a plain-number ``step`` made a tensor (torch.optim allows both).
+"""
+from __future__ import annotations
+
+import math
+from itertools import chain as chain_iterables
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from gradwise.core.params import DTensor, param_label
+from gradwise.state.codec import codec_from
+from gradwise.state.store import MARK, layout, parts_of
+
+#: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
+TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+#: param-group keys that are not hyperparameters but that torch itself puts in groups.
+BOOKKEEPING_KEYS = ("params", "param_names", "initial_lr", "name")
+
+Spec = dict[str, tuple[torch.Size, torch.dtype]]
+
+
+def expected_state(optimizer, p: Tensor, group: Mapping[str, Any], resolved: tuple | None = None) -> Spec:
+    """``{buffer: (shape, dtype)}`` that the group's chain keeps for ``p`` (``init`` on the meta device),
+    cached by the parameter's shape and dtype and the group's chain and ``shape_signature``
+    (``resolved``: both, computed once per group by a caller that checks many parameters)."""
+    transform, signature = resolved or (optimizer.transform.for_group(group), shape_signature(optimizer, group))
+    key = (id(transform), p.shape, p.dtype, signature)
+    cache = optimizer.__dict__.setdefault("_expected_state", {})
+    if key not in cache:
+        meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+        fresh = transform.init(torch.view_as_real(meta) if p.is_complex() else meta, group)
+        cache[key] = {k: (v.shape, v.dtype) for k, v in fresh.items()}
+    return cache[key]
+
+
+def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
+    """What decides the shapes of a group's state: its static hyperparameters and which
+    ``zero_is_identity`` ones are zero (``trace`` keeps no buffer without momentum), not the numbers
+    a scheduler changes every step."""
+    return tuple((k, repr(group[k]) if spec.static else float(group[k]) != 0.0)
+                 for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
+
+
+def check_step(optimizer) -> None:
+    """Everything a step can check before its first write, for every group: hyperparameters, each
+    gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
+    for index, group in enumerate(optimizer.param_groups):
+        optimizer._validate(group)
+        transform = optimizer.transform.for_group(group)
+        resolved = (transform, shape_signature(optimizer, group))
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            if g.is_sparse:
+                raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense gradients"
+                                " (use torch.optim.SparseAdam for sparse embeddings)")
+            if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+                raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device};"
+                                 f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
+            if not transform.elementwise and isinstance(p, DTensor):
+                raise NotImplementedError(
+                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet gather DTensor"
+                    " shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
+            expected = expected_state(optimizer, p, group, resolved)
+            for key, value in optimizer.state.get(p, {}).items():
+                if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:
+                    raise ValueError(f"{param_label(group, p, index)} has state {key!r} of shape {tuple(value.shape)}; expected shape"
+                                     f" {tuple(expected[key][0])}")
+                if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
+                    raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
+
+
+def group_defaults(optimizer) -> dict[str, Any]:
+    """The value of every hyperparameter in a group that does not set it: the optimizer's defaults, or the
+    chain's own default where a recipe keeps one out of its defaults (Muon's AdamW-route betas)."""
+    return {key: optimizer.defaults.get(key, spec.default) for key, spec in optimizer.hyper_specs.items()}
+
+
+def checked_load(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """``state_dict``, checked against this optimizer's groups and chain, ready for torch's loader.
+
+    Raises (naming the group, the parameter and the key) on: a missing or malformed ``state`` or
+    ``param_groups``, group counts or sizes that differ, an invalid hyperparameter, state
+    for a parameter no group lists, a missing ``step`` or buffer, a buffer that is not a tensor, of
+    the wrong shape or kind of dtype, not finite, or negative where the chain keeps it nonnegative.
+    """
+    if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping) \
+            or not isinstance(state_dict.get("param_groups"), list):
+        raise TypeError(f"invalid state_dict of type {type(state_dict).__name__}: expected a dict with a 'state'"
+                        " dict and a 'param_groups' list, as optimizer.state_dict() returns")
+    saved_groups = state_dict["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"state_dict has {len(saved_groups)} param group(s); this optimizer has"
+                         f" {len(optimizer.param_groups)}")
+    groups, owners = [], {}
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, saved_groups)):
+        if not isinstance(saved, Mapping) or not isinstance(saved.get("params"), list):
+            found = f"params={saved.get('params')!r}" if isinstance(saved, Mapping) else f"a {type(saved).__name__}"
+            raise TypeError(f"state_dict['param_groups'][{index}] has {found}: expected a dict whose 'params' is"
+                            " the list of its parameters' ids, as optimizer.state_dict() saves it")
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"state_dict['param_groups'][{index}] lists {len(saved['params'])} parameter(s); this"
+                             f" optimizer's param_groups[{index}] has {len(group['params'])}")
+        # keys of the user's own (layer_id, lr_scale) load as they were saved, as add_param_group keeps them
+        clean = {k: v for k, v in saved.items() if k not in TORCH_EXECUTION_KEYS}
+        merged = {**group_defaults(optimizer), **clean}
+        for key, spec in optimizer.hyper_specs.items():
+            spec.validate(f"state_dict['param_groups'][{index}][{key!r}]", merged[key])
+        groups.append(clean)
+        for saved_id, p in zip(saved["params"], group["params"]):
+            owners[saved_id] = (p, {**merged, "params": group["params"],
+                                    "param_names": group.get("param_names")}, index)
+    strays = sorted(map(repr, set(state_dict["state"]) - set(owners)))
+    if strays:
+        raise ValueError(f"state_dict['state'] has entries for {', '.join(strays)}, which no param group lists")
+    states = {saved_id: _checked_state(optimizer, saved_id, saved_state, *owners[saved_id])
+              for saved_id, saved_state in state_dict["state"].items()}
+    return {**state_dict, "state": states, "param_groups": groups}
+
+
+def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapping[str, Any], index: int):
+    """One parameter's saved state, checked against its group's chain (see ``checked_load``)."""
+    label = param_label(group, p, index)
+    if not isinstance(saved_state, Mapping):
+        raise TypeError(f"state_dict['state'][{saved_id!r}] ({label}) is a {type(saved_state).__name__};"
+                        " expected a dict of tensors")
+    if not saved_state:
+        return {}
+    expected = expected_state(optimizer, p, group)
+    extra = getattr(optimizer, "extra_state", {})
+    plain, encoded = layout(tuple(saved_state))
+    found = set(plain) | {b for b, _ in encoded}
+    missing = sorted(set(expected) - found) + (["step"] if "step" not in found else [])
+    unknown = sorted(found - set(expected) - set(extra) - {"step"})
+    if missing or unknown:
+        raise ValueError(f"state of {label} has keys {sorted(found)}; {type(optimizer).__name__}'s chain keeps"
+                         f" {sorted([*expected, 'step'])}" + (f" (missing {missing})" if missing else "")
+                         + (f" (unknown {unknown})" if unknown else ""))
+    nonnegative = optimizer.transform.for_group(group).nonnegative
+    out = {"step": _step(saved_state["step"], label)}
+    for key in plain:
+        if key == "step":
+            continue
+        shape, dtype = expected[key] if key in expected else extra[key]
+        out[key] = _buffer(saved_state[key], label, key, shape, dtype, key in nonnegative)
+    for buffer, tag in encoded:
+        shape, dtype = expected[buffer]
+        codec = codec_from(tag)
+        signed = buffer not in nonnegative
+        parts = parts_of(saved_state, buffer, tag)
+        for part, want in codec.empty(shape, signed, torch.device("meta")).items():
+            have = parts.get(part)
+            if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
+                raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"
+                                 f" {_describe(have)}; expected shape {tuple(want.shape)}, {want.dtype}")
+        out.update({f"{buffer}{MARK}{tag}.{part}": v for part, v in parts.items()})
+    return out
+
+
+def _step(value: Any, label: str) -> Tensor:
+    number = value.item() if isinstance(value, Tensor) and value.numel() == 1 else value
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
+            or number < 0 or number != int(number):
+        raise ValueError(f"state of {label} has 'step'={value!r}; expected a whole number >= 0"
+                         " (a 0-d tensor or a plain number)")
+    return torch.tensor(float(number), dtype=torch.float32)  # on the CPU, as in torch.optim
+
+
+def _buffer(value: Any, label: str, key: str, shape: torch.Size, dtype: torch.dtype, nonnegative: bool) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"state of {label} has {key!r}={_describe(value)}; expected a tensor of shape"
+                        f" {tuple(shape)}, {dtype}")
+    if value.shape != shape or value.dtype.is_floating_point != dtype.is_floating_point:
+        raise ValueError(f"state of {label} has {key!r} of {_describe(value)}; expected shape {tuple(shape)},"
+                         f" {dtype}")
+    if dtype.is_floating_point:
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"state of {label} has {key!r} holding NaN or inf; expected finite values")
+        if nonnegative and bool((value < 0).any()):
+            raise ValueError(f"state of {label} has {key!r} holding negative values (min {float(value.min())});"
+                             " expected values >= 0 (a second moment)")
+    return value.to(dtype=dtype)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"shape {tuple(value.shape)}, {value.dtype}"
+    return f"{value!r} (a {type(value).__name__})"
+
+
+def saved_ids(state_dict: Mapping[str, Any]):
+    """The saved parameter ids, in group order."""
+    return chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
+
+
+def put_back_uncast(optimizer, state_dict: Mapping[str, Any]) -> None:
+    """After torch's loader: torch.optim casts state to its parameter's dtype, but a transform chooses
+    the dtype of its state (float32 for 16-bit parameters, float64 running scalars, APOLLO's int64
+    seeds, which float32 would round), so put back the checked values, uncast."""
+    params = chain_iterables.from_iterable(g["params"] for g in optimizer.param_groups)
+    for saved_id, p in zip(saved_ids(state_dict), params):
+        for key, value in state_dict["state"].get(saved_id, {}).items():
+            if isinstance(value, Tensor) and key in optimizer.state[p] and optimizer.state[p][key].dtype != value.dtype:
+                optimizer.state[p][key] = value.to(device=p.device)
