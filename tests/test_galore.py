@@ -10,7 +10,7 @@ import torch
 import gradwise
 from gradwise.transforms import scale_by_learning_rate, trace
 from gradwise.transforms.low_rank import PROJ_TYPES, project_low_rank
-from tests.low_rank_helpers import (GAP, STEPS, assert_resumes_bit_identically, groups, max_difference, model,
+from tests.low_rank_helpers import (GAP, assert_resumes_bit_identically, groups, max_difference, model,
                                     state_bytes, train)
 
 RANK = 3

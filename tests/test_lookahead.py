@@ -6,7 +6,7 @@ import torch
 
 import gradwise
 from tests.references.lookahead import ReferenceLookahead
-from tests.test_parity import _clone, assert_trajectories_close, default_dtype, run_bag, run_mlp
+from tests.test_parity import _clone, assert_trajectories_close, run_bag, run_mlp
 from tests.models import bag_of_tensors
 
 STEPS = 100

@@ -134,7 +134,8 @@ def test_compiled_equals_eager(state):
 
 def test_in_backward_equals_step():
     fused_model, plain_model = mlp(torch.float32).bfloat16(), mlp(torch.float32).bfloat16()
-    fused = gradwise.LOMO(fused_model.parameters(), lr=1e-3, param_rounding="stochastic", compile=False)
+    # steps inside backward, through the hooks it installs
+    gradwise.LOMO(fused_model.parameters(), lr=1e-3, param_rounding="stochastic", compile=False)
     plain = gradwise.LOMO(plain_model.parameters(), lr=1e-3, param_rounding="stochastic", compile=False,
                           fused_backward=False)
     for step in range(5):

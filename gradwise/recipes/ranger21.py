@@ -7,7 +7,7 @@ import torch
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
-from gradwise.core.params import DTensor, local, param_label
+from gradwise.core.params import DTensor, param_label
 from gradwise.core.transform import chain, state_dtype
 from gradwise.recipes.ranger21_prologue import VARIANCE_SUM, ranger21_prologue, shape_gradient, shrink
 from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, non_negative, positive
+from gradwise.core.hyper import Hyper, non_negative
 from gradwise.core.transform import Context, Transform
 
 
