@@ -5,12 +5,11 @@ from gradwise.bench_step import COPY_MB
 
 
 def console(stderr: bool = False):
-    try:
-        from rich.console import Console
-    except ImportError:  # pragma: no cover - rich is a dependency of the cli extra
-        raise SystemExit("gradwise's command line needs rich: pip install 'gradwise[cli]'") from None
-    out = Console(stderr=stderr)
-    return out if out.is_terminal else Console(stderr=stderr, width=160)
+    """A rich console (the caller has checked ``gradwise._extras.require(..., "rich")``)."""
+    from rich.console import Console
+
+    out = Console(stderr=stderr, log_path=False)  # progress lines without the source location
+    return out if out.is_terminal else Console(stderr=stderr, width=160, log_path=False)
 
 
 def render(result: dict, out) -> None:
