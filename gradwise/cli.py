@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.",
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"gradwise {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{list,bench,estimate,arena}")
+    commands = parser.add_subparsers(dest="command", metavar="{list,bench,estimate,arena}", help="the command")
     commands.add_parser("list", help="every recipe: chain and state buffers after one step (needs gradwise[cli])",
                         description="Every gradwise recipe, built and stepped once on a 2x2 parameter: its chain,"
                         " the state buffers it keeps and the hyperparameters it was built with; then the wrappers.",
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     estimate.add_argument("--fp32", metavar="REGEX", help="keep parameters whose name matches REGEX in float32"
                           " (e.g. 'wte|wpe')")
     bench = commands.add_parser("bench", help="benchmarks", formatter_class=HelpFormatter)
-    benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}")
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}", help="the benchmark")
     bench_step.add_arguments(benchmarks.add_parser(
         "step", help="optimizer step time against torch's fused and foreach AdamW",
         description=bench_step.__doc__.split("\n\n")[0], formatter_class=HelpFormatter))

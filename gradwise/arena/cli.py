@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     suite_help = "; ".join(f"{name}: {len(s['workloads'])} workloads x {len(s['optimizers'])} optimizers x"
                            f" {s['studies']} studies" for name, s in SUITES.items())
-    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list}")
+    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list}",
+                                     help="the arena command")
     run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)",
                               formatter_class=HelpFormatter)
     run.add_argument("--suite", choices=["quick", "full"], default="quick", help=suite_help)
