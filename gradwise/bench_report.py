@@ -1,5 +1,7 @@
-"""Printing the step benchmark's result (``gradwise.bench_step.measure``) as rich tables."""
+"""Printing the benchmarks' results as rich tables (``gradwise.bench_step.measure``'s), and their progress."""
 from __future__ import annotations
+
+import contextlib
 
 from gradwise.bench_step import COPY_MB
 
@@ -10,6 +12,20 @@ def console(stderr: bool = False):
 
     out = Console(stderr=stderr, log_path=False)  # progress lines without the source location
     return out if out.is_terminal else Console(stderr=stderr, width=160, log_path=False)
+
+
+@contextlib.contextmanager
+def progress(script: str, total: int, what: str):
+    """A progress bar on stderr for ``total`` units of ``what``; yields the function that advances it by one."""
+    from gradwise._extras import require
+
+    require(script, "rich")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True)) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)
 
 
 def render(result: dict, out) -> None:

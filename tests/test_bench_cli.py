@@ -83,10 +83,3 @@ def test_bad_arguments_name_argument_value_and_allowed(argv, named, capsys):
     err = capsys.readouterr().err
     for text in named:
         assert text in err, (text, err)
-
-
-@pytest.mark.slow
-def test_bench_script_help():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "step.py"), "--help"], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0 and "--size" in proc.stdout and "--json" in proc.stdout
