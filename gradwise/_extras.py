@@ -1,4 +1,4 @@
-"""Optional dependencies: which extra installs each, and one check that names it.
+"""Optional dependencies: one check that names the extra to install.
 
 ``pip install gradwise`` installs torch alone; the command line's tables need ``rich`` (``gradwise[cli]``), the
 arena needs ``gradwise[arena]`` and a PostgreSQL store ``gradwise[postgres]``. A command calls ``require`` before it
@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 
-#: module imported -> (distribution, the extra that installs it).
+#: module imported -> the distribution that provides it, where the names differ.
+DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+#: the modules of each extra (pyproject.toml's optional dependencies), as imported.
 EXTRAS = {
-    "rich": ("rich", "cli"),
-    "numpy": ("numpy", "arena"),
-    "optuna": ("optuna", "arena"),
-    "matplotlib": ("matplotlib", "arena"),
-    "sklearn": ("scikit-learn", "arena"),
-    "mnist1d": ("mnist1d", "arena"),
-    "psycopg": ("psycopg", "postgres"),
+    "cli": ("rich",),
+    "arena": ("rich", "numpy", "optuna", "matplotlib", "sklearn", "mnist1d"),
+    "postgres": ("psycopg",),
 }
-#: what each extra's modules are, in the order they are checked.
-ARENA = ("rich", "numpy", "optuna", "matplotlib", "sklearn", "mnist1d")
 
 
 class MissingExtra(SystemExit):
@@ -31,11 +27,9 @@ def missing(*modules: str) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-def require(command: str, *modules: str) -> None:
-    """Raise ``MissingExtra`` naming the ``pip install`` line if any of ``modules`` is not installed."""
-    absent = missing(*modules)
+def require(command: str, extra: str) -> None:
+    """Raise ``MissingExtra`` naming ``pip install 'gradwise[extra]'`` if a module of ``extra`` is missing."""
+    absent = missing(*EXTRAS[extra])
     if absent:
-        extras = sorted({EXTRAS[m][1] for m in absent})
-        names = ", ".join(EXTRAS[m][0] for m in absent)
-        install = " ".join(f"'gradwise[{e}]'" for e in extras)
-        raise MissingExtra(f"{command} needs {names}: pip install {install}")
+        names = ", ".join(DISTRIBUTIONS.get(m, m) for m in absent)
+        raise MissingExtra(f"{command} needs {names}: pip install 'gradwise[{extra}]'")

@@ -289,7 +289,7 @@ def cpu_model() -> str:
 def run(args) -> int:
     from gradwise._extras import require
 
-    require("gradwise bench step", "rich")
+    require("gradwise bench step", "cli")
     from gradwise.bench_report import console, render
 
     err = console(stderr=True)

@@ -110,7 +110,7 @@ def wrapper_table() -> list[dict[str, str]]:
 def _list() -> int:
     from gradwise._extras import require
 
-    require("gradwise list", "rich")
+    require("gradwise list", "cli")
     from rich.table import Table
 
     from gradwise.bench_report import console

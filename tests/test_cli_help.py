@@ -3,6 +3,7 @@ every recipe in ``gradwise list``, errors in the terms the user typed, and the b
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
 from pathlib import Path
 
@@ -84,3 +85,12 @@ def test_estimate_bf16_parameters_keep_float32_moments(capsys):
     assert cli.main(["estimate", "--size", "tiny", "--param-dtype", "bf16", "--state", "bf16"]) == 0
     total = [line for line in capsys.readouterr().out.splitlines() if line.startswith("total")]
     assert float(total[0].split()[2]) < 4.1  # bf16 moments: torch's memory for a bf16 model
+
+
+def test_extras_name_what_pyproject_installs():
+    from gradwise._extras import DISTRIBUTIONS, EXTRAS
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, modules in EXTRAS.items():
+        names = {re.split(r"[\[<>=]", requirement)[0] for requirement in declared[extra]}
+        assert names == {DISTRIBUTIONS.get(m, m) for m in modules}, extra

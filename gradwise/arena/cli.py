@@ -243,14 +243,14 @@ COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targe
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
-    from gradwise._extras import ARENA, require
+    from gradwise._extras import require
 
     if args.arena_command is None:
         parser.error("missing arena command: choose from run, score, report, set-targets, list")
     command = f"gradwise arena {args.arena_command}"
-    require(command, *ARENA)
-    if "postgres" in getattr(args, "storage", ""):
-        require(f"{command} --storage {args.storage.split('://')[0]}://...", "psycopg")
+    require(command, "arena")
+    if getattr(args, "storage", "").startswith("postgres"):
+        require(f"{command} --storage {args.storage.split('://')[0]}://...", "postgres")
     try:
         return COMMANDS[args.arena_command](args)
     except ValueError as error:
