@@ -21,6 +21,6 @@ def test_readme_example_steps(code):
     exec(compile(code, str(README), "exec"), scope)  # noqa: S102 - the README's own example
     model, optimizer = scope["model"], scope["optimizer"]
     before = [p.detach().clone() for p in model.parameters()]
-    model(torch.randn(3, model.in_features)).sum().backward()
+    model(torch.randn(3, model.in_features, dtype=model.weight.dtype)).sum().backward()
     optimizer.step()
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
