@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -68,7 +69,8 @@ def bare(tmp_path_factory):
     bin_ = work / "venv" / "bin"
     _ok([str(bin_ / "pip"), "install", "-q", TORCH])
     _ok([str(bin_ / "pip"), "install", "-q", str(src)])
-    return SimpleNamespace(work=work, src=src, bin=bin_)
+    yield SimpleNamespace(work=work, src=src, bin=bin_)
+    shutil.rmtree(work)  # over a GB: torch in the venv
 
 
 def test_bare_install_holds_torch_and_no_extra(bare):
@@ -121,6 +123,9 @@ def test_readme_clone_block_runs_as_written(bare, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
     env["REPO"] = str(ROOT)
-    proc = _ok(["bash", "-e", "-c", script], cwd=tmp_path, env=env)
-    assert f"gradwise {VERSION}" in proc.stdout and "digits_cnn" in proc.stdout and "AdamW" in proc.stdout
-    assert (tmp_path / "gradwise" / ".venv" / "bin" / "gradwise").exists()
+    try:
+        proc = _ok(["bash", "-e", "-c", script], cwd=tmp_path, env=env)
+        assert f"gradwise {VERSION}" in proc.stdout and "digits_cnn" in proc.stdout and "AdamW" in proc.stdout
+        assert (tmp_path / "gradwise" / ".venv" / "bin" / "gradwise").exists()
+    finally:
+        shutil.rmtree(tmp_path / "gradwise", ignore_errors=True)  # its venv holds torch
