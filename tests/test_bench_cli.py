@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_bench_step_tiny_json(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "x fused" in proc.stdout and "copy bandwidth" in proc.stdout
+    assert "[1/" in proc.stderr and not re.search(r"\.py:\d+", proc.stderr), proc.stderr  # no source locations
     result = json.loads(out.read_text())
     header, rows = result["header"], result["rows"]
     assert header["threads"] == 1 and header["size"] == "tiny" and header["steps"] == 2
