@@ -91,11 +91,17 @@ def recipe_table() -> list[dict[str, str]]:
         p.grad = torch.ones(2, 2)
         opt = cls([p], **hyper, compile=False)
         opt.step()
-        buffers = [f"{k} ({'like param' if v.shape == p.shape else 'scalar' if v.dim() == 0 else tuple(v.shape)})"
-                   for k, v in opt.state[p].items()]
+        buffers = [f"{k} ({_shape(v, p)})" for k, v in opt.state[p].items()]
         rows.append({"name": name, "chain": repr(opt.transform), "state": ", ".join(buffers),
                      "hyperparameters": ", ".join(f"{k}={v}" for k, v in hyper.items())})
     return rows
+
+
+def _shape(buffer, param) -> str:
+    """How a state buffer is shaped: like its parameter, a scalar, or its own shape (``1x2``)."""
+    if buffer.shape == param.shape:
+        return "like param"
+    return "scalar" if buffer.dim() == 0 else "x".join(map(str, buffer.shape))
 
 
 def wrapper_table() -> list[dict[str, str]]:
@@ -103,7 +109,7 @@ def wrapper_table() -> list[dict[str, str]]:
     import gradwise.recipes
     from gradwise.by_name import recipe_names
 
-    return [{"name": name, "chain": " ".join((getattr(gradwise.recipes, name).__doc__ or "").strip().split("\n\n")[0].split()).split(". ")[0]}
+    return [{"name": name, "chain": " ".join((getattr(gradwise.recipes, name).__doc__ or "").strip().split("\n\n")[0].split()).split(". ")[0].rstrip(":")}
             for name in gradwise.recipes.__all__ if name not in recipe_names()]
 
 
