@@ -35,7 +35,7 @@ arena: $(STAMP)
 # (torchao and bitsandbytes, installed without their dependencies so torch stays 2.13.0)
 bench-memory: $(STAMP)
 	$(BIN)/pip install -q --no-deps torchao==0.18.0 bitsandbytes==0.50.2
-	$(BIN)/python bench/memory.py --measure --references
+	$(BIN)/python bench/memory.py --bytes --measure --quality --references
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -5,7 +5,10 @@ behind a drop-in ``torch.optim.Optimizer``::
 
     from gradwise import AdamW
     optimizer = AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+
+or by name, from a config: ``gradwise.create("adamw", model, lr=3e-4, weight_decay_exclude=True)``.
 """
+from gradwise.by_name import create, optimizer_class, optimizer_names
 from gradwise.core.hyper import Hyper
 from gradwise.core.fused_backward import fused_backward
 from gradwise.core.optimizer import Optimizer
@@ -65,5 +68,6 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_lion", "scale_by_madgrad", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
+__all__ += ["create", "optimizer_class", "optimizer_names"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]

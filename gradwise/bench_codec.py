@@ -111,7 +111,10 @@ def print_result(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/codec.py", description=__doc__.split("\n\n")[0])
+    from gradwise.help_format import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="bench/codec.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--numel", type=int, default=WTE_25M, help="elements in the buffer")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     args = parser.parse_args(argv)

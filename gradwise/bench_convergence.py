@@ -60,7 +60,9 @@ def steps_to_target(make, x, y, w0, target: float, max_steps: int) -> int | None
     return None
 
 
-def sweep(args) -> list[dict]:
+def sweep(args, advance=lambda: None) -> list[dict]:
+    """One row per optimizer: its best lr on ``LR_GRID`` and the steps it needed; ``advance`` is called
+    after each (optimizer, lr) run."""
     torch.set_num_threads(1)
     x, y, w0 = problem(args.rows, args.cols, args.samples, args.decades, args.seed)
     rows = []
@@ -70,6 +72,7 @@ def sweep(args) -> list[dict]:
         for lr in LR_GRID:
             results[lr] = steps_to_target(lambda p: cls(p, lr=lr, compile=False, **fixed), x, y, w0,
                                           args.target, args.max_steps)
+            advance()
         reached = {lr: s for lr, s in results.items() if s is not None}
         best = min(reached, key=reached.get) if reached else None
         rows.append(dict(optimizer=name, best_lr=best, steps=reached.get(best),
@@ -78,18 +81,24 @@ def sweep(args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--cols", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=256)
+    from gradwise.bench_report import progress
+    from gradwise.help_format import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="bench/convergence.py", description=__doc__.split("\nRun as")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--rows", type=int, default=32, help="rows of W (outputs)")
+    parser.add_argument("--cols", type=int, default=64, help="columns of W (inputs)")
+    parser.add_argument("--samples", type=int, default=256, help="rows of X")
     parser.add_argument("--decades", type=float, default=2.5, help="singular values of X span 10^decades")
     parser.add_argument("--target", type=float, default=1e-6, help="stop at loss <= target * initial loss")
-    parser.add_argument("--max-steps", type=int, default=20000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
+    parser.add_argument("--max-steps", type=int, default=20000, help="steps per run at most")
+    parser.add_argument("--seed", type=int, default=0, help="seed of X, W* and W0")
+    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS),
+                        help="the optimizers swept")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-    rows = sweep(args)
+    with progress("bench/convergence.py", len(args.optimizers) * len(LR_GRID), "(optimizer, lr) runs") as advance:
+        rows = sweep(args, advance)
     if args.json:
         print(json.dumps(dict(args=vars(args), rows=rows)))
         return 0

@@ -46,7 +46,9 @@ def build(cls, shapes, values, grads, hyper):
     return cls(params, compile=False, **hyper)
 
 
-def measure(args, log=print) -> list[dict]:
+def measure(args, log=print, advance=lambda: None) -> list[dict]:
+    """One row per (recipe, blocks): plain, recomputing and amortized step times; ``advance`` is called
+    after each optimizer step."""
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     shapes = gpt2_shapes(*SIZES[args.size])
@@ -63,10 +65,11 @@ def measure(args, log=print) -> list[dict]:
         for batch in ((True,) if name == "Muon" else (True, False)):
             cls, hyper = ROWS[name](batch, args.max_dim)
             opt = build(cls, shapes, values, grads, hyper)
-            opt.step(), opt.step()  # warm-up: state allocation, first bases
+            opt.step(), advance(), opt.step(), advance()  # warm-up: state allocation, first bases
             plain, recompute, torch_ms = [], [], []
             for step in range(3, 3 + 2 * args.rounds):
                 t = _ms(opt.step)
+                advance()
                 # Shampoo (start 1, every 2) recomputes at odd steps; SOAP (every 2) at even ones
                 recomputes = name != "Muon" and (step % 2 == (1 if name == "Shampoo" else 0))
                 (recompute if recomputes else plain).append(t)
@@ -77,7 +80,7 @@ def measure(args, log=print) -> list[dict]:
             for f in FREQUENCIES:
                 row[f"f{f}_ms"] = p if r is None else ((f - 1) * p + r) / f
             rows.append(row)
-            log(f"{name:<8} {row['blocks']:<11} plain {p:9.1f} ms  recompute {r if r is not None else float('nan'):9.1f} ms  "
+            log(f"{name:<8} {row['blocks']:<11} plain {p:9.1f} ms  recompute {'-' if r is None else f'{r:.1f}':>9} ms  "
                 + "  ".join(f"f={f}: {row[f'f{f}_ms']:9.1f} ms ({row[f'f{f}_ms'] / ref:5.1f}x AdamW)" for f in FREQUENCIES)
                 + f"  [torch AdamW foreach {ref:.1f} ms]")
             del opt
@@ -85,13 +88,20 @@ def measure(args, log=print) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=tuple(SIZES), default="25m")
+    from gradwise.bench_report import progress
+    from gradwise.help_format import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="bench/matrix_step.py", description=__doc__.split(" Run as")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--size", choices=tuple(SIZES), default="25m", help="GPT-2 parameter set")
     parser.add_argument("--rounds", type=int, default=2, help="plain and recomputing steps timed, each")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--max-dim", type=int, default=1024, help="max_preconditioner_dim / max_precond_dim")
-    parser.add_argument("--recipes", nargs="+", default=list(ROWS), choices=list(ROWS))
-    measure(parser.parse_args(argv))
+    parser.add_argument("--recipes", nargs="+", default=list(ROWS), choices=list(ROWS), help="the rows measured")
+    args = parser.parse_args(argv)
+    rows = sum(1 if name == "Muon" else 2 for name in args.recipes)
+    with progress("bench/matrix_step.py", rows * (2 + 2 * args.rounds), "optimizer steps") as advance:
+        measure(args, advance=advance)
     return 0
 
 

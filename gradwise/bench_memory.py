@@ -1,20 +1,24 @@
 """The memory benchmark: optimizer state bytes per parameter, and what the smaller state costs in loss.
 
-1. State bytes per parameter element of AdamW on a GPT-2-shaped set, per state format, and of the
+Each numbered measurement has a flag (``--bytes``, ``--quality``, ``--peak``, ...); a flag runs its
+measurement alone, and with no flag 1 and 2 run.
+
+1. ``--bytes``: state bytes per parameter element of AdamW on a GPT-2-shaped set, per state format, and of the
    memory-lean recipes (Adafactor, CAME, AdamMini) in fp32: predicted by ``gradwise.estimate``
    (nothing allocated) and, with ``--measure``, counted in ``optimizer.state`` after one real step.
-2. Quality: the mean final loss over seeds of AdamW with each state format against float32 on a
+2. ``--quality``: the mean final loss over seeds of AdamW with each state format against float32 on a
    small MLP regression whose inputs carry large outlier features (features 0-3 scaled by 100, 50,
    30 and 200): the case in which block-wise quantization of the second moment loses (an outlier
    column shares every block of a row-major weight) and rank-1 normalization does not.
-3. With ``--peak``: the peak process memory of one training step of a small transformer, with and
+3. ``--peak``: the peak process memory of one training step of a small transformer, with and
    without the update inside backward (``gradwise/bench_peak.py``).
-4. With ``--param-rounding``: bfloat16 parameters trained with round-to-nearest and with stochastic
+4. ``--param-rounding``: bfloat16 parameters trained with round-to-nearest and with stochastic
    rounding against float32 (``gradwise/bench_rounding.py``).
-5. With ``--recipe-quality``: the loss each state format costs Muon, Shampoo, SOAP and AdamW
+5. ``--recipe-quality``: the loss each state format costs Muon, Shampoo, SOAP and AdamW
    (``gradwise/bench_recipe_quality.py``).
-6. With ``--arena-quality``: the loss each state format costs AdamW on the arena's workloads
+6. ``--arena-quality``: the loss each state format costs AdamW on the arena's workloads
    (``gradwise/bench_arena_quality.py``).
+7. ``--references``: torchao's and bitsandbytes' AdamW8bit against torch's AdamW, where they run.
 
 Run as ``python bench/memory.py``; ``--help`` lists the options.
 """
@@ -26,6 +30,8 @@ import sys
 import time
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
+#: the flags that name a measurement (``args`` attributes); with none given, the first two run.
+MEASUREMENTS = ("bytes", "quality", "peak", "param_rounding", "recipe_quality", "arena_quality", "references")
 #: the quality task: inputs, outlier features and their scales.
 FEATURES, OUTLIERS = 32, (100.0, 50.0, 30.0, 200.0)
 
@@ -94,7 +100,7 @@ def recipe_state_bytes(size: str, measure: bool = False, log=print) -> list[dict
         opt = torch.optim.Adafactor(params)
         opt.step()
         held = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
-        rows.append({"recipe": "torch.optim.Adafactor", "predicted_per_param": float("nan"),
+        rows.append({"recipe": "torch.optim.Adafactor", "predicted_per_param": None,
                      "measured_per_param": held / sum(p.numel() for p in params)})
     return rows
 
@@ -239,34 +245,8 @@ def reference_distances(steps: int = 30, log=print) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="GPT-2 parameter set")
-    parser.add_argument("--measure", action="store_true", help="also allocate the state with one real step")
-    parser.add_argument("--formats", default=",".join(FORMATS),
-                        help="comma-separated AdamW state formats for the bytes table ('' skips it)")
-    parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
-                        help="comma-separated formats for the quality runs ('' skips them)")
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--references", action="store_true",
-                        help="also compare with torchao's and bitsandbytes' AdamW8bit where they run")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--peak", action="store_true",
-                        help="also measure the peak process memory of a small transformer's training step with and"
-                             " without the update inside backward (gradwise/bench_peak.py)")
-    parser.add_argument("--param-rounding", action="store_true",
-                        help="also train bfloat16 parameters with each param_rounding against float32 (bench_rounding.py)")
-    parser.add_argument("--recipe-quality", action="store_true",
-                        help="also compare state formats on Muon, Shampoo, SOAP and AdamW (bench_recipe_quality.py)")
-    parser.add_argument("--arena-quality", action="store_true",
-                        help="also train AdamW on the arena's workloads with each state format (bench_arena_quality.py)")
-    parser.add_argument("--arena-quality-min-numel", type=int, default=0,
-                        help="--arena-quality encodes buffers of at least this many elements (default 0: all)")
-    args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)
-    log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
+def _print_bytes(args, log) -> None:
+    """Measurement 1: the state bytes tables."""
     if args.formats:
         print(f"AdamW state bytes per parameter element, {args.size} GPT-2 set (tensors under 4096 elements stay fp32)")
         print(f"{'format':<8}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
@@ -277,21 +257,68 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'recipe':<24}{'predicted':>12}{'measured':>12}")
     for r in recipe_state_bytes(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}" if "measured_per_param" in r else ""
-        print(f"{r['recipe']:<24}{r['predicted_per_param']:>12.4f}{measured}")
+        # torch's row has no prediction (gradwise.estimate reads gradwise optimizers only)
+        predicted = f"{'-':>12}" if r["predicted_per_param"] is None else f"{r['predicted_per_param']:>12.4f}"
+        print(f"{r['recipe']:<24}{predicted}{measured}")
     print(f"\nLow-rank recipes, state bytes per parameter element, {args.size} GPT-2 set (attention and MLP"
           " matrices projected; 'matrices': their state over their elements, step counters included)")
     print(f"{'recipe':<14}{'matrices':>10}{'predicted':>12}{'measured':>12}{'eager step s':>14}")
     for r in low_rank_state_bytes(args.size, measure=args.measure, log=log):
         measured = f"{r['measured_per_param']:>12.4f}{r['eager_step_s']:>14.2f}" if "measured_per_param" in r else ""
         print(f"{r['recipe']:<14}{r['matrices_per_param']:>10.4f}{r['predicted_per_param']:>12.4f}{measured}")
+
+
+def _print_quality(args, log) -> None:
+    """Measurement 2: the loss each state format costs AdamW on the outlier MLP."""
     formats = [f for f in args.quality_formats.split(",") if f]
-    if formats:
-        if "fp32" not in formats:
-            formats.insert(0, "fp32")
-        print(f"\nMean final loss (last 20 of {args.steps} steps) over {args.seeds} seeds, MLP with outlier features")
-        print(f"{'format':<20}{'mean':>10}{'vs fp32':>10}   per seed")
-        for r in quality(formats, tuple(range(args.seeds)), args.steps, log=log):
-            print(f"{r['format']:<20}{r['mean']:>10.5f}{r['vs_fp32']:>10.4f}   {[round(v, 5) for v in r['losses']]}")
+    if "fp32" not in formats:
+        formats.insert(0, "fp32")
+    print(f"\nMean final loss (last 20 of {args.steps} steps) over {args.seeds} seeds, MLP with outlier features")
+    print(f"{'format':<20}{'mean':>10}{'vs fp32':>10}   per seed")
+    for r in quality(formats, tuple(range(args.seeds)), args.steps, log=log):
+        print(f"{r['format']:<20}{r['mean']:>10.5f}{r['vs_fp32']:>10.4f}   {[round(v, 5) for v in r['losses']]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gradwise.help_format import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\nRun as")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--bytes", action="store_true", help="1: state bytes per parameter (seconds; minutes with"
+                        " --measure at 124m)")
+    parser.add_argument("--quality", action="store_true", help="2: loss per state format on the outlier MLP (minutes)")
+    parser.add_argument("--peak", action="store_true",
+                        help="3: the peak process memory of a small transformer's training step with and"
+                             " without the update inside backward (gradwise/bench_peak.py)")
+    parser.add_argument("--param-rounding", action="store_true",
+                        help="4: bfloat16 parameters trained with each param_rounding against float32 (bench_rounding.py)")
+    parser.add_argument("--recipe-quality", action="store_true",
+                        help="5: state formats on Muon, Shampoo, SOAP and AdamW (bench_recipe_quality.py)")
+    parser.add_argument("--arena-quality", action="store_true",
+                        help="6: AdamW on the arena's workloads with each state format (bench_arena_quality.py)")
+    parser.add_argument("--references", action="store_true",
+                        help="7: torchao's and bitsandbytes' AdamW8bit against torch's AdamW, where they run")
+    parser.add_argument("--size", default="124m", choices=("tiny", "25m", "124m"), help="1: GPT-2 parameter set")
+    parser.add_argument("--measure", action="store_true", help="1: also allocate the state with one real step")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="1: comma-separated AdamW state formats for the bytes table ('' skips it)")
+    parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
+                        help="2: comma-separated formats for the quality runs (fp32 always runs)")
+    parser.add_argument("--steps", type=int, default=400, help="2: training steps per run")
+    parser.add_argument("--seeds", type=int, default=3, help="2: seeds per format")
+    parser.add_argument("--arena-quality-min-numel", type=int, default=0,
+                        help="6: encode buffers of at least this many elements (0: all)")
+    args = parser.parse_args(argv)
+    if not any(getattr(args, m) for m in MEASUREMENTS):
+        args.bytes = args.quality = True
+    import torch
+
+    torch.set_num_threads(1)
+    log = lambda message: print(f"# {message}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.bytes:
+        _print_bytes(args, log)
+    if args.quality:
+        _print_quality(args, log)
     if args.references:
         print("\n8-bit AdamW, distance to torch's fp32 AdamW relative to its movement (outlier columns)")
         print(f"{'optimizer':<28}{'step 1':>10}{'step 10':>10}{'step 30':>10}")

@@ -9,6 +9,7 @@ Run as ``python bench/peers.py``.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import warnings
@@ -49,6 +50,10 @@ def peers():
 
 
 def main(argv=None) -> int:
+    from gradwise.help_format import HelpFormatter
+
+    argparse.ArgumentParser(prog="bench/peers.py", description=__doc__.split("\nRun as")[0],
+                            formatter_class=HelpFormatter).parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     libs = peers()

@@ -1,16 +1,31 @@
-"""Printing the step benchmark's result (``gradwise.bench_step.measure``) as rich tables."""
+"""Printing the benchmarks' results as rich tables (``gradwise.bench_step.measure``'s), and their progress."""
 from __future__ import annotations
+
+import contextlib
 
 from gradwise.bench_step import COPY_MB
 
 
 def console(stderr: bool = False):
-    try:
-        from rich.console import Console
-    except ImportError:  # pragma: no cover - rich is a dependency of the cli extra
-        raise SystemExit("gradwise's command line needs rich: pip install 'gradwise[cli]'") from None
-    out = Console(stderr=stderr)
-    return out if out.is_terminal else Console(stderr=stderr, width=160)
+    """A rich console (the caller has checked ``gradwise._extras.require(..., "cli")``)."""
+    from rich.console import Console
+
+    out = Console(stderr=stderr, log_path=False)  # progress lines without the source location
+    return out if out.is_terminal else Console(stderr=stderr, width=160, log_path=False)
+
+
+@contextlib.contextmanager
+def progress(script: str, total: int, what: str):
+    """A progress bar on stderr for ``total`` units of ``what``; yields the function that advances it by one."""
+    from gradwise._extras import require
+
+    require(script, "cli")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True)) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)
 
 
 def render(result: dict, out) -> None:

@@ -108,15 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--size", choices=tuple(SIZES), default="25m",
                         help="parameter set: GPT-2 small (124m), 6 blocks of width 384 (25m), tiny (tests)")
     parser.add_argument("--steps", type=_positive_int, default=10, metavar="N",
-                        help=f"timed steps per row, after {WARMUP} warm-up steps (default 10)")
+                        help=f"timed steps per row, after {WARMUP} warm-up steps")
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="T",
-                        help="torch.set_num_threads (default 1)")
+                        help="torch.set_num_threads")
     parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
     parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")
     parser.add_argument("--warm-cache", action="store_true",
-                        help="compile with the usual on-disk inductor cache (default: a fresh, empty one, so "
+                        help="compile with the usual on-disk inductor cache (without it: a fresh, empty one, so "
                              "'compile s' is a cold compile)")
     return parser
 
@@ -287,6 +287,9 @@ def cpu_model() -> str:
 
 
 def run(args) -> int:
+    from gradwise._extras import require
+
+    require("gradwise bench step", "cli")
     from gradwise.bench_report import console, render
 
     err = console(stderr=True)
@@ -299,7 +302,10 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="bench/step.py", description=__doc__.split("\n\n")[0]))
+    from gradwise.help_format import HelpFormatter
+
+    parser = add_arguments(argparse.ArgumentParser(prog="bench/step.py", description=__doc__.split("\n\n")[0],
+                                                   formatter_class=HelpFormatter))
     return run(parser.parse_args(argv))
 
 

@@ -1,76 +1,133 @@
 """The ``gradwise`` command line.
 
-    gradwise list                      the recipes: chain, state buffers, the benchmark's hyperparameters
+    gradwise list                      every recipe: chain, state buffers, the hyperparameters it was built with
     gradwise bench step [--size ...]   optimizer step benchmark (see ``gradwise bench step --help``)
     gradwise arena run|score|report|set-targets|list   the AlgoPerf-style arena (``gradwise arena --help``)
     gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation
 
-torch, rich and the benchmark are imported only by the subcommand that runs.
+torch, rich and the benchmark are imported only by the subcommand that runs; a subcommand whose optional
+dependencies are missing names the extra to install (``gradwise._extras``).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from gradwise.help_format import HelpFormatter
+
+#: the parameter dtypes ``gradwise estimate --param-dtype`` takes.
+PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _state_format(text: str) -> str:
+    """``--state``: a format the state policy accepts, checked before anything runs."""
+    from gradwise.state import StatePolicy
+
+    try:
+        StatePolicy(text)
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected fp32, bf16, int8, int4 or a tag such as"
+                                         " int8-b256 or int4-b64-rank1-nearest") from None
+    return text
+
 
 def _parser() -> argparse.ArgumentParser:
-    from gradwise import bench_step  # argument definitions only: no torch at import time
-
-    parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.")
+    from gradwise import __version__, bench_step  # argument definitions only: no torch at import time
     from gradwise.arena import cli as arena_cli  # argument definitions only
 
-    commands = parser.add_subparsers(dest="command", metavar="{list,bench,estimate,arena}")
-    commands.add_parser("list", help="the recipe table: name, chain, state buffers")
+    parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"gradwise {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{list,bench,estimate,arena}", help="the command")
+    commands.add_parser("list", help="every recipe: chain and state buffers after one step (needs gradwise[cli])",
+                        description="Every gradwise recipe, built and stepped once on a 2x2 parameter: its chain,"
+                        " the state buffers it keeps and the hyperparameters it was built with; then the wrappers.",
+                        formatter_class=HelpFormatter)
     estimate = commands.add_parser("estimate", help="optimizer state bytes on a GPT-2-shaped parameter set, before"
                                    " allocation", description="Bytes of optimizer state per format (codec or dtype),"
-                                   " per parameter group and in total, computed on meta tensors.")
+                                   " per parameter group and in total, computed on meta tensors.",
+                                   formatter_class=HelpFormatter)
     estimate.add_argument("--size", choices=tuple(bench_step.SIZES), default="124m", help="GPT-2 parameter set")
-    estimate.add_argument("--recipe", default="AdamW", help="a gradwise recipe name (default AdamW)")
-    estimate.add_argument("--state", default="fp32", help="fp32, bf16, int8, int4, or a tag such as int8-b256")
+    estimate.add_argument("--recipe", default="AdamW", help="a gradwise recipe name, any case (gradwise list)")
+    estimate.add_argument("--state", default="fp32", type=_state_format,
+                          help="state format: fp32, bf16, int8, int4, or a tag such as int8-b256")
+    estimate.add_argument("--param-dtype", choices=tuple(PARAM_DTYPES), default="fp32",
+                          help="the parameters' dtype; gradwise keeps float32 state for bf16 parameters unless"
+                               " --state says otherwise")
     estimate.add_argument("--fp32", metavar="REGEX", help="keep parameters whose name matches REGEX in float32"
                           " (e.g. 'wte|wpe')")
-    bench = commands.add_parser("bench", help="benchmarks")
-    benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}")
+    bench = commands.add_parser("bench", help="benchmarks", formatter_class=HelpFormatter)
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}", help="the benchmark")
     bench_step.add_arguments(benchmarks.add_parser(
         "step", help="optimizer step time against torch's fused and foreach AdamW",
-        description=bench_step.__doc__.split("\n\n")[0]))
-    arena = commands.add_parser("arena", help="AlgoPerf-style time-to-result for training algorithms")
+        description=bench_step.__doc__.split("\n\n")[0], formatter_class=HelpFormatter))
+    arena = commands.add_parser("arena", help="AlgoPerf-style time-to-result for training algorithms (needs"
+                                " gradwise[arena])", formatter_class=HelpFormatter)
     arena_cli.add_arguments(arena)
     parser.set_defaults(bench_parser=bench, arena_parser=arena)
     return parser
 
 
 def recipe_table() -> list[dict[str, str]]:
-    """One row per recipe, built with the benchmark's hyperparameters and stepped once on a 2x2 parameter
-    so the state buffers listed are the ones the optimizer really keeps ('step' is the Optimizer's own)."""
+    """One row per recipe (``gradwise.by_name.recipe_names()``), built with the benchmark's hyperparameters
+    where it has some (else the recipe's defaults, and lr=1e-3 where the recipe has no default) and stepped
+    once on a 2x2 parameter, so the state buffers listed are the ones the optimizer really keeps ('step' is
+    the Optimizer's own)."""
+    import inspect
+
     import torch
 
     import gradwise
-    from gradwise.bench_step import DEFAULT_RECIPES, RECIPES
+    from gradwise.bench_step import RECIPES
+    from gradwise.by_name import recipe_names
 
     rows = []
-    for name in DEFAULT_RECIPES:
-        cls_name, hyper, _ = RECIPES[name]
+    for name in recipe_names():
+        cls = getattr(gradwise, name)
+        hyper = RECIPES[name][1] if name in RECIPES else {}
+        if "lr" not in hyper and inspect.signature(cls.__init__).parameters["lr"].default in (None, inspect.Parameter.empty):
+            hyper = {"lr": 1e-3, **hyper}
         p = torch.nn.Parameter(torch.zeros(2, 2))
         p.grad = torch.ones(2, 2)
-        opt = getattr(gradwise, cls_name)([p], **hyper, compile=False)
+        opt = cls([p], **hyper, compile=False)
         opt.step()
-        buffers = [f"{k} ({'like param' if v.shape == p.shape else 'scalar'})" for k, v in opt.state[p].items()]
+        buffers = [f"{k} ({_shape(v, p)})" for k, v in opt.state[p].items()]
         rows.append({"name": name, "chain": repr(opt.transform), "state": ", ".join(buffers),
                      "hyperparameters": ", ".join(f"{k}={v}" for k, v in hyper.items())})
     return rows
 
 
+def _shape(buffer, param) -> str:
+    """How a state buffer is shaped: like its parameter, a scalar, or its own shape (``1x2``)."""
+    if buffer.shape == param.shape:
+        return "like param"
+    return "scalar" if buffer.dim() == 0 else "x".join(map(str, buffer.shape))
+
+
+def wrapper_table() -> list[dict[str, str]]:
+    """The wrappers in ``gradwise.recipes.__all__``: what they do, the first sentence of their docstrings."""
+    import gradwise.recipes
+    from gradwise.by_name import recipe_names
+
+    return [{"name": name, "chain": " ".join((getattr(gradwise.recipes, name).__doc__ or "").strip().split("\n\n")[0].split()).split(". ")[0].rstrip(":")}
+            for name in gradwise.recipes.__all__ if name not in recipe_names()]
+
+
 def _list() -> int:
+    from gradwise._extras import require
+
+    require("gradwise list", "cli")
     from rich.table import Table
 
     from gradwise.bench_report import console
 
-    table = Table(title="gradwise recipes (state after one step, with the benchmark's hyperparameters)")
-    for column in ("name", "chain", "state buffers", "benchmark hyperparameters"):
+    table = Table(title="gradwise recipes (state after one step, built with the hyperparameters shown)")
+    for column in ("name", "chain", "state buffers", "hyperparameters"):
         table.add_column(column, overflow="fold")
     for row in recipe_table():
         table.add_row(row["name"], row["chain"], row["state"], row["hyperparameters"])
+    for row in wrapper_table():
+        table.add_row(row["name"], f"wrapper: {row['chain']}", "", "")
     console().print(table)
     return 0
 
@@ -80,18 +137,27 @@ def _estimate(args) -> int:
 
     import gradwise
     from gradwise.bench_step import SIZES, gpt2_shapes
+    from gradwise.by_name import canonical_name, recipe_names
 
-    params = [(name, torch.empty(shape, device="meta")) for name, shape in gpt2_shapes(*SIZES[args.size])]
+    dtype = getattr(torch, PARAM_DTYPES[args.param_dtype])
+    params = [(name, torch.empty(shape, device="meta", dtype=dtype)) for name, shape in gpt2_shapes(*SIZES[args.size])]
     try:
+        recipe = canonical_name(args.recipe, recipe_names(), argument="--recipe")
         policy = gradwise.StatePolicy(args.state, rules={args.fp32: "fp32"} if args.fp32 else {})
         # recipes without state= (Adafactor, CAME, AdamMini) are estimated in float32 when no format is asked for
         plain = args.state == "fp32" and not args.fp32
-        result = gradwise.estimate(params, args.recipe, **({} if plain else {"state": policy}))
+        result = gradwise.estimate(params, recipe, **({} if plain else {"state": policy}))
     except (ValueError, TypeError) as error:
         print(f"gradwise estimate: {error}", file=sys.stderr)
         return 2
-    print(f"{args.recipe} optimizer state on the {args.size} GPT-2 parameter set, {policy}:")
+    print(f"{recipe} optimizer state on the {args.size} GPT-2 parameter set ({PARAM_DTYPES[args.param_dtype]}"
+          f" parameters), {policy}:")
     print(result.table())
+    if args.param_dtype != "fp32" and args.state == "fp32":
+        print(f"note: {PARAM_DTYPES[args.param_dtype]} parameters keep float32 state by default (for accuracy):"
+              f" {result.bytes_per_param:.2f} bytes per parameter, {result.bytes_per_param / dtype.itemsize:.1f}x the"
+              " parameters' own bytes; torch.optim keeps state in the parameters' dtype, and --state bf16 matches"
+              " its memory")
     return 0
 
 

@@ -172,7 +172,7 @@ def _some_parameter_moves(scope: dict) -> None:
         return
     model, optimizer = scope["model"], scope["optimizer"]
     before = _clones(model)
-    model(torch.randn(3, model.in_features)).sum().backward()
+    model(torch.randn(3, model.in_features, dtype=model.weight.dtype)).sum().backward()
     optimizer.step()
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 

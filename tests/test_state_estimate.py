@@ -61,8 +61,10 @@ def test_cli_prints_the_table(capsys):
     assert main(["estimate", "--size", "tiny", "--state", "int8", "--fp32", "wte"]) == 0
     out = capsys.readouterr().out
     assert "int8-b2048" in out and "fp32" in out and "total" in out
-    assert main(["estimate", "--state", "int3"]) == 2
-    assert "invalid default='int3'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "--state", "int3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --state: invalid value 'int3'" in err and "int8-b256" in err
 
 
 def test_a_lowercase_module_name_is_refused_with_the_recipes_name():

@@ -26,9 +26,17 @@ def _positive(kind):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="arena_command", metavar="{run,score,report,set-targets,list,delete-study}")
-    run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)")
-    run.add_argument("--suite", choices=["quick", "full"], default="quick")
+    from gradwise.arena.suites import SUITES
+    from gradwise.help_format import HelpFormatter
+
+    suite_help = "; ".join(f"{name}: {len(s['workloads'])} workloads x {len(s['optimizers'])} optimizers x"
+                           f" {s['studies']} studies" for name, s in SUITES.items())
+    commands = parser.add_subparsers(dest="arena_command",
+                                     metavar="{run,score,report,set-targets,list,delete-study}",
+                                     help="the arena command")
+    run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)",
+                              formatter_class=HelpFormatter)
+    run.add_argument("--suite", choices=["quick", "full"], default="quick", help=suite_help)
     run.add_argument("--workloads", help="comma-separated workloads (default: the suite's)")
     run.add_argument("--optimizers", help="comma-separated optimizers, self-tuning defaults (default: the suite's)")
     run.add_argument("--hyperparameters", help="JSON object: a fixed point for every --optimizers entry, in place"
@@ -38,45 +46,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--trials", type=_positive(int), default=5, help="Halton trials per study (external)")
     run.add_argument("--studies", type=_positive(int), help="studies per submission and workload")
     run.add_argument("--budget-scale", type=_positive(float), default=1.0,
-                     help="multiply every workload's step and time budget (default 1)")
+                     help="multiply every workload's step and time budget")
     run.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     run.add_argument("--no-time-limit", action="store_true", help="stop trials at the target or the step budget"
                      " only, not the time budget (results then do not depend on the machine's load)")
     run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
     _common(run, suite=False)
     run.add_argument("--no-live", action="store_true", help="plain log lines instead of the live leaderboard")
-    score = commands.add_parser("score", help="print the leaderboard from a store")
+    score = commands.add_parser("score", help="print the leaderboard from a store", formatter_class=HelpFormatter)
     _common(score)
-    report = commands.add_parser("report", help="write the Markdown and HTML report with figures")
+    report = commands.add_parser("report", help="write the Markdown and HTML report with figures",
+                                 formatter_class=HelpFormatter)
     _common(report)
-    targets = commands.add_parser("set-targets", help="set workload targets the AlgoPerf way (targets.json)")
-    targets.add_argument("--workloads", default="digits_cnn,teacher_student")
+    targets = commands.add_parser("set-targets", help="set workload targets the AlgoPerf way (targets.json)",
+                                  formatter_class=HelpFormatter)
+    targets.add_argument("--workloads", default="digits_cnn,teacher_student",
+                         help="comma-separated workloads to set targets for (gradwise arena list)")
     targets.add_argument("--trials", type=_positive(int), default=4, help="Halton trials per algorithm")
     targets.add_argument("--seeds", type=_positive(int), default=3, help="seeds for the best configuration")
     targets.add_argument("--budget-scale", type=_positive(float), default=1.0, help="for smoke runs only")
-    targets.add_argument("--storage", default="arena-results/targets.db")
-    targets.add_argument("--threads", type=_positive(int), default=1)
+    targets.add_argument("--storage", default="arena-results/targets.db",
+                         help="SQLite file or SQLAlchemy URL for the target-setting trials")
+    targets.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
     targets.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
-    commands.add_parser("list", help="workloads, optimizers and self-tuning defaults")
+    commands.add_parser("list", help="workloads, optimizers and self-tuning defaults", formatter_class=HelpFormatter,
+                        description="The workloads (target, budget, batch), every optimizer name a submission may"
+                        " use, and the self-tuning defaults.")
     delete = commands.add_parser("delete-study", help="delete one study and its trials from a store; the next"
-                                 " run that plans it prepares and runs it afresh")
+                                 " run that plans it prepares and runs it afresh", formatter_class=HelpFormatter)
     delete.add_argument("study", help="the study's name, e.g. quick/self/AdamW/digits_cnn/study0")
-    delete.add_argument("--storage", default=DEFAULT_STORAGE, help=f"the store (default {DEFAULT_STORAGE})")
+    delete.add_argument("--storage", default=DEFAULT_STORAGE, help="the store: SQLite file or SQLAlchemy URL")
 
 
 def _common(parser: argparse.ArgumentParser, suite: bool = True) -> None:
     parser.add_argument("--storage", default=DEFAULT_STORAGE,
-                        help="SQLite file or SQLAlchemy URL, e.g. postgresql://user@host/db"
-                             f" (default {DEFAULT_STORAGE})")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default {DEFAULT_OUT})")
+                        help="SQLite file or SQLAlchemy URL, e.g. postgresql://user@host/db (needs"
+                             " gradwise[postgres])")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="report directory")
     parser.add_argument("--reference", default="torch.AdamW", help="the submission speedups are measured against")
     if suite:
-        parser.add_argument("--suite", choices=["quick", "full", "custom"], help="only this suite's studies")
+        parser.add_argument("--suite", choices=["quick", "full", "custom"],
+                            help="only this suite's studies (custom: runs with --workloads, --optimizers, ...)")
 
 
 def _names(text: str | None, default: list[str]) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()] if text else list(default)
+
+
+def _optimizers(text: str | None, default: list[str]) -> list[str]:
+    """``--optimizers``: names as the arena spells them, typed in any case."""
+    from gradwise.by_name import canonical_name, optimizer_names
+
+    return [canonical_name(n, optimizer_names(), argument="--optimizers") for n in _names(text, default)]
 
 
 def _plans(args):
@@ -103,10 +125,10 @@ def _plans(args):
         if not isinstance(point, dict):
             raise ValueError(f"invalid --hyperparameters={args.hyperparameters!r}: expected a JSON object")
         entries = [Entry(f"{o}{json.dumps(point, separators=(',', '='))}", o, hyperparameters=point)
-                   for o in _names(args.optimizers, suite["optimizers"])]
+                   for o in _optimizers(args.optimizers, suite["optimizers"])]
         studies = args.studies or suite["studies"]
     else:
-        entries = [self_tuning_entry(o) for o in _names(args.optimizers, suite["optimizers"])]
+        entries = [self_tuning_entry(o) for o in _optimizers(args.optimizers, suite["optimizers"])]
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
@@ -232,8 +254,14 @@ COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targe
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
+    from gradwise._extras import require
+
     if args.arena_command is None:
         parser.error("missing arena command: choose from run, score, report, set-targets, list, delete-study")
+    command = f"gradwise arena {args.arena_command}"
+    require(command, "arena")
+    if getattr(args, "storage", "").startswith("postgres"):
+        require(f"{command} --storage {args.storage.split('://')[0]}://...", "postgres")
     try:
         return COMMANDS[args.arena_command](args)
     except ValueError as error:

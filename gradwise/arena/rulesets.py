@@ -44,7 +44,9 @@ class Entry:
 
 def self_tuning_entry(optimizer: str) -> Entry:
     if optimizer not in SELF_TUNING:
-        raise ValueError(f"no self-tuning defaults for optimizer {optimizer!r}; have: {sorted(SELF_TUNING)}")
+        raise ValueError(f"no self-tuning defaults for optimizer {optimizer!r}; have: {sorted(SELF_TUNING)}."
+                         f" Give it hyperparameters (--hyperparameters '{{\"lr\": 1e-3}}') or a search space"
+                         " (--search-space FILE)")
     return Entry(optimizer, optimizer, hyperparameters=dict(SELF_TUNING[optimizer]))
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import gradwise.recipes
+from gradwise.by_name import optimizer_names
 
 SCHEDULE_KEYS = {"warmup_factor", "schedule"}
 BETA_KEYS = {"beta1", "beta2", "one_minus_beta1"}
@@ -38,18 +39,6 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
-
-
-def optimizer_names() -> list[str]:
-    """Every name a submission may use: gradwise recipes, then ``torch.<Name>`` for torch.optim. Wrappers
-    that take an optimizer or a transform rather than parameters (``Lookahead``, ``schedule_free``) are not
-    entries by themselves."""
-    def optimizers(module) -> list[str]:
-        return sorted(n for n in dir(module) if isinstance(getattr(module, n), type)
-                      and issubclass(getattr(module, n), torch.optim.Optimizer) and n != "Optimizer")
-
-    recipes = [n for n in optimizers(gradwise.recipes) if n in gradwise.recipes.__all__]
-    return recipes + [f"torch.{n}" for n in optimizers(torch.optim)]
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

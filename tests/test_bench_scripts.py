@@ -1,0 +1,39 @@
+"""The bench scripts as a newcomer runs them: ``--help`` prints the usage and measures nothing, and a flag
+that names a measurement runs that measurement alone."""
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradwise import bench_memory
+
+SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "bench").glob("*.py"))
+
+
+def test_every_bench_script_is_here():
+    assert {s.stem for s in SCRIPTS} >= {"codec", "convergence", "matrix_step", "memory", "peers", "step"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.name)
+def test_help_exits_zero_without_measuring(script, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(script), run_name="__main__")
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0
+    assert captured.out.startswith(f"usage: bench/{script.name}"), captured.out[:200]
+    description = captured.out.split("\n\n")[1]
+    assert description.rstrip().endswith((".", ":")), description  # a whole sentence, not its first line
+    assert captured.err == ""  # no progress, no measurement
+
+
+def test_a_named_measurement_runs_alone(capsys):
+    assert bench_memory.main(["--bytes", "--size", "tiny", "--formats", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "state bytes per parameter element" in out and "Mean final loss" not in out
+    assert bench_memory.main(["--quality", "--quality-formats", "fp32", "--seeds", "1", "--steps", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "Mean final loss" in out and "state bytes" not in out
