@@ -21,7 +21,8 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
 from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
-from gradwise.core.state_check import BOOKKEEPING_KEYS, check_step, checked_load, group_defaults, put_back_uncast
+from gradwise.core.state_check import (BOOKKEEPING_KEYS, check_step, checked_load, group_defaults, load_counters,
+                                       put_back_uncast, save_counters)
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
@@ -112,8 +113,8 @@ class Optimizer(torch.optim.Optimizer):
                              f" Recipes that take state=: {', '.join(takes_state())}")
         super().__init__(params, defaults)
         self._encoded.check(self.param_groups)
-        self.register_state_dict_post_hook(_save_counters)
-        self.register_load_state_dict_pre_hook(_load_counters)
+        self.register_state_dict_post_hook(save_counters)
+        self.register_load_state_dict_pre_hook(load_counters)
 
     # ----------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -136,8 +137,8 @@ class Optimizer(torch.optim.Optimizer):
             return
         self._compiled = {}
         self._encoded = EncodedState(policy, self.transform)
-        self.register_state_dict_post_hook(_save_counters)
-        self.register_load_state_dict_pre_hook(_load_counters)
+        self.register_state_dict_post_hook(save_counters)
+        self.register_load_state_dict_pre_hook(load_counters)
 
     # ----------------------------------------------------------------- groups and validation
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -405,24 +406,6 @@ def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
 
 def _is_compile_error(error: Exception) -> bool:
     return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
-
-
-def _save_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode}
-    return state_dict
-
-
-def _load_counters(optimizer: Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    saved = state_dict.get("gradwise", {})
-    skipped, mode = saved.get("skipped_steps", 0), saved.get("mode", "train")
-    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
-        raise ValueError(f"invalid state_dict['gradwise']['skipped_steps']={skipped!r}: expected a whole number >= 0")
-    if mode not in ("train", "eval"):
-        raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
-    optimizer.skipped_steps = skipped
-    # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
-    optimizer.mode = mode
-    return state_dict
 
 
 def takes_state() -> list[str]:

@@ -211,3 +211,23 @@ def put_back_uncast(optimizer, state_dict: Mapping[str, Any]) -> None:
         for key, value in state_dict["state"].get(saved_id, {}).items():
             if isinstance(value, Tensor) and key in optimizer.state[p] and optimizer.state[p][key].dtype != value.dtype:
                 optimizer.state[p][key] = value.to(device=p.device)
+
+
+def save_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict()``'s post-hook: the counters and mode torch's state dict has no place for."""
+    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode}
+    return state_dict
+
+
+def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``load_state_dict()``'s pre-hook: the saved counters and mode, both checked before either is set."""
+    saved = state_dict.get("gradwise", {})
+    skipped, mode = saved.get("skipped_steps", 0), saved.get("mode", "train")
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        raise ValueError(f"invalid state_dict['gradwise']['skipped_steps']={skipped!r}: expected a whole number >= 0")
+    if mode not in ("train", "eval"):
+        raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
+    optimizer.skipped_steps = skipped
+    # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
+    optimizer.mode = mode
+    return state_dict
