@@ -9,16 +9,19 @@ behind a drop-in ``torch.optim.Optimizer``::
 or by name, from a config: ``gradwise.create("adamw", model, lr=3e-4, weight_decay_exclude=True)``.
 """
 from gradwise.by_name import create, optimizer_class, optimizer_names
-from gradwise.core.hyper import Hyper
 from gradwise.core.fused_backward import fused_backward
+from gradwise.core.hyper import Hyper
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import Chain, Context, Transform, chain
 from gradwise.recipes import (
+    CAME,
     LOMO,
     SGD,
     SOAP,
+    Adafactor,
     AdaLomo,
     Adam,
+    AdamMini,
     AdamW,
     Lion,
     Lookahead,
@@ -30,13 +33,10 @@ from gradwise.recipes import (
     Shampoo,
     schedule_free,
 )
-from gradwise.recipes import CAME, Adafactor, AdamMini
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.state import StatePolicy
 from gradwise.state.estimate import estimate
-from gradwise.transforms.apollo import scale_by_apollo
-from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms import (
     add_decayed_weights,
     lookahead,
@@ -56,6 +56,8 @@ from gradwise.transforms import (
     trace,
     trace_ema,
 )
+from gradwise.transforms.apollo import scale_by_apollo
+from gradwise.transforms.low_rank import project_low_rank
 
 __version__ = "0.1.0"
 

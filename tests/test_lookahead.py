@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import gradwise
+from tests.models import bag_of_tensors
 from tests.references.lookahead import ReferenceLookahead
 from tests.test_parity import _clone, assert_trajectories_close, run_bag, run_mlp
-from tests.models import bag_of_tensors
 
 STEPS = 100
 

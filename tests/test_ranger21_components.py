@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import gradwise
-from gradwise import chain, scale_by_learning_rate
+from gradwise import chain, scale_by_learning_rate, schedules
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient, unit_norm
 from gradwise.transforms.learning_rate import scale_by_schedule
 from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay, shrink_like_ranger21
-from gradwise import schedules
 from tests.models import bag_of_tensors
 from tests.references import ranger21_components as ref
 from tests.test_parity import _clone, _random_grads

@@ -21,8 +21,15 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
 from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
-from gradwise.core.state_check import (BOOKKEEPING_KEYS, check_step, checked_load, group_defaults, load_counters,
-                                       put_back_uncast, save_counters)
+from gradwise.core.state_check import (
+    BOOKKEEPING_KEYS,
+    check_step,
+    checked_load,
+    group_defaults,
+    load_counters,
+    put_back_uncast,
+    save_counters,
+)
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from gradwise.core.fused_backward import fused_backward as install_fused_backward, installed_on
+from gradwise.core.fused_backward import fused_backward as install_fused_backward
+from gradwise.core.fused_backward import installed_on
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.transforms.lookahead import lookahead
