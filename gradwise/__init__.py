@@ -67,7 +67,8 @@ __all__ = [
     "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo", "Transform",
     "add_decayed_weights", "chain", "estimate", "fused_backward", "lookahead", "orthogonalize_by_newton_schulz",
     "route", "scale_by_adam",
-    "scale_by_learning_rate", "scale_by_lion", "scale_by_madgrad", "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free",
+    "scale_by_learning_rate", "scale_by_lion", "scale_by_madgrad", "scale_by_nadam", "scale_by_rms",
+    "scale_by_schedule_free",
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
 __all__ += ["create", "optimizer_class", "optimizer_names"]

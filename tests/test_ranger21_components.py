@@ -163,7 +163,8 @@ def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point
     params = bag_of_tensors(torch.float64)
     ours, theirs = _clone(params), [p.detach().clone() for p in params]
     optimizer = gradwise.Optimizer(ours, chain(scale_by_learning_rate(), shrink_like_ranger21(schedule)), compile=False,
-                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor, eps=eps)
+                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor,
+                                   eps=eps)
     for step in range(STEPS):
         grads = _random_grads(params, step)
         for p, g in zip(ours, grads):
@@ -175,4 +176,5 @@ def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point
             p -= lr_t * ref.norm_loss_term(p, factor, eps)
             p -= LR * g
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64], msg=lambda m: f"step {step} tensor {i}: {m}")
+            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64],
+                                       msg=lambda m: f"step {step} tensor {i}: {m}")

@@ -278,7 +278,8 @@ class Optimizer(torch.optim.Optimizer):
         # are put back, so a compile failure (graphs compile on copies first) changes nothing. An
         # exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier groups and
         # buckets stepped and this bucket's parameters and param-shaped state in part (README).
-        saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] if advances else []
+        saved = ([{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states]
+                 if advances else [])
         try:
             by_step: dict[int, list[int]] = defaultdict(list)
             for i, st in enumerate(states):
@@ -375,7 +376,8 @@ class Optimizer(torch.optim.Optimizer):
         """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
         count = sum(len(g["params"]) for g in self.param_groups)
         if getattr(self, "_positions", (None, 0))[1] != count:
-            self._positions = ({id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}, count)
+            ordered = (q for g in self.param_groups for q in g["params"])
+            self._positions = ({id(q): i for i, q in enumerate(ordered)}, count)
         return self._positions[0][id(p)]
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
