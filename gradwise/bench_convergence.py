@@ -104,7 +104,8 @@ def main(argv=None) -> int:
         return 0
     adamw = next((r["steps"] for r in rows if r["optimizer"] == "AdamW"), None)
     print(f"least squares {args.rows}x{args.cols}, {args.samples} samples, singular values over 10^{args.decades},"
-          f" target loss <= {args.target:g} x initial, at most {args.max_steps} steps, lr grid {LR_GRID[0]:g}..{LR_GRID[-1]:g}")
+          f" target loss <= {args.target:g} x initial, at most {args.max_steps} steps,"
+          f" lr grid {LR_GRID[0]:g}..{LR_GRID[-1]:g}")
     print(f"{'optimizer':<10}{'best lr':>10}{'steps':>8}{'vs AdamW':>10}   steps per lr (- : not reached)")
     for r in rows:
         ratio = f"{adamw / r['steps']:.1f}x" if adamw and r["steps"] else "-"

@@ -23,7 +23,8 @@ from gradwise.bench_step import SIZES, count_label, gpt2_shapes
 
 FREQUENCIES = (1, 10, 100)
 ROWS = {
-    "Shampoo": lambda batch, dim: (gradwise.Shampoo, dict(lr=1e-3, precondition_frequency=2, start_preconditioning_step=1,
+    "Shampoo": lambda batch, dim: (gradwise.Shampoo, dict(lr=1e-3, precondition_frequency=2,
+                                                          start_preconditioning_step=1,
                                                           max_preconditioner_dim=dim, batch_blocks=batch)),
     "SOAP": lambda batch, dim: (gradwise.SOAP, dict(lr=3e-3, precondition_frequency=2, max_precond_dim=dim,
                                                     batch_blocks=batch)),
@@ -74,14 +75,16 @@ def measure(args, log=print, advance=lambda: None) -> list[dict]:
                 recomputes = name != "Muon" and (step % 2 == (1 if name == "Shampoo" else 0))
                 (recompute if recomputes else plain).append(t)
                 torch_ms.append(_ms(reference.step))
-            p, r, ref = statistics.median(plain), statistics.median(recompute) if recompute else None, statistics.median(torch_ms)
+            p, ref = statistics.median(plain), statistics.median(torch_ms)
+            r = statistics.median(recompute) if recompute else None
             row = dict(recipe=name, blocks="batched" if batch else "one by one", plain_ms=p, recompute_ms=r,
                        torch_adamw_ms=ref)
             for f in FREQUENCIES:
                 row[f"f{f}_ms"] = p if r is None else ((f - 1) * p + r) / f
             rows.append(row)
             log(f"{name:<8} {row['blocks']:<11} plain {p:9.1f} ms  recompute {'-' if r is None else f'{r:.1f}':>9} ms  "
-                + "  ".join(f"f={f}: {row[f'f{f}_ms']:9.1f} ms ({row[f'f{f}_ms'] / ref:5.1f}x AdamW)" for f in FREQUENCIES)
+                + "  ".join(f"f={f}: {row[f'f{f}_ms']:9.1f} ms ({row[f'f{f}_ms'] / ref:5.1f}x AdamW)"
+                            for f in FREQUENCIES)
                 + f"  [torch AdamW foreach {ref:.1f} ms]")
             del opt
     return rows

@@ -212,7 +212,8 @@ def reference_distances(steps: int = 30, log=print) -> list[dict]:
     init = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 0.02
     makers = {"torch AdamW fp32": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)}
     for fmt in ("int8", "int8-b256-block", "int8-b2048-block"):
-        makers[f"gradwise {fmt}"] = lambda p, fmt=fmt: gradwise.AdamW(p, lr=lr, weight_decay=wd, state=fmt, compile=False)
+        makers[f"gradwise {fmt}"] = lambda p, fmt=fmt: gradwise.AdamW(p, lr=lr, weight_decay=wd, state=fmt,
+                                                                      compile=False)
     for module, attr, label in (("torchao.optim", "AdamW8bit", "torchao AdamW8bit"),
                                 ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes AdamW8bit")):
         try:
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="3: the peak process memory of a small transformer's training step with and"
                              " without the update inside backward (gradwise/bench_peak.py)")
     parser.add_argument("--param-rounding", action="store_true",
-                        help="4: bfloat16 parameters trained with each param_rounding against float32 (bench_rounding.py)")
+                        help="4: bfloat16 parameters trained with each param_rounding against float32"
+                             " (bench_rounding.py)")
     parser.add_argument("--recipe-quality", action="store_true",
                         help="5: state formats on Muon, Shampoo, SOAP and AdamW (bench_recipe_quality.py)")
     parser.add_argument("--arena-quality", action="store_true",

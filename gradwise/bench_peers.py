@@ -70,10 +70,13 @@ def main(argv=None) -> int:
     if "heavyball" in libs:
         hb = libs["heavyball"]
         rows.append(("Muon", "heavyball.Muon(lr=0.02, betas=(0.95, 0.99), weight_decay=0)", muon,
-                     trajectory(lambda p: hb.Muon(p, lr=0.02, betas=(0.95, 0.99), weight_decay=0.0, compile_step=False), shapes)))
-        rows.append(("SOAP", "heavyball.SOAP(lr=3e-3, betas=(0.95, 0.95), shampoo_beta=0.95, precondition_frequency=10)",
-                     soap, trajectory(lambda p: hb.SOAP(p, lr=3e-3, betas=(0.95, 0.95), shampoo_beta=0.95, weight_decay=0.0,
-                                                        precondition_frequency=10, compile_step=False), shapes)))
+                     trajectory(lambda p: hb.Muon(p, lr=0.02, betas=(0.95, 0.99), weight_decay=0.0,
+                                                  compile_step=False), shapes)))
+        rows.append(("SOAP",
+                     "heavyball.SOAP(lr=3e-3, betas=(0.95, 0.95), shampoo_beta=0.95, precondition_frequency=10)",
+                     soap, trajectory(lambda p: hb.SOAP(p, lr=3e-3, betas=(0.95, 0.95), shampoo_beta=0.95,
+                                                        weight_decay=0.0, precondition_frequency=10,
+                                                        compile_step=False), shapes)))
     print(f"trajectories: {shapes} float32, random gradients, {STEPS} steps; max relative distance at steps 1, 10, 30")
     for name, label, ours, theirs in rows:
         d = distance(ours, theirs)
@@ -81,7 +84,8 @@ def main(argv=None) -> int:
     x, y, w0 = problem(32, 64, 256, 2.5, seed=0)
     makers = {"gradwise.SOAP": lambda lr: (lambda p: gradwise.SOAP(p, lr=lr, weight_decay=0.0, compile=False))}
     if "pytorch_optimizer" in libs:
-        makers["pytorch_optimizer.SOAP"] = lambda lr: (lambda p: libs["pytorch_optimizer"].SOAP(p, lr=lr, weight_decay=0.0))
+        makers["pytorch_optimizer.SOAP"] = lambda lr: (lambda p: libs["pytorch_optimizer"].SOAP(
+            p, lr=lr, weight_decay=0.0))
     if "heavyball" in libs:
         makers["heavyball.SOAP"] = lambda lr: (lambda p: libs["heavyball"].SOAP(
             p, lr=lr, weight_decay=0.0, precondition_frequency=10, compile_step=False))

@@ -58,7 +58,8 @@ def render(result: dict, out) -> None:
                       f"{r['state_bytes_per_param']:.4f}", f"{r['bound_ms']:.2f}", f"{r['vs_bound']:.2f}")
     out.print(table)
     out.print("compile s: seconds (graphs) from compile_stats, spent in the warm-up steps and excluded from the "
-              "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: row median over torch's median in the same interleaved rounds. "
+              "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: "
+              "row median over torch's median in the same interleaved rounds. "
               "state B/param: every tensor in optimizer.state, the 0-d 'step' counters included, over the "
               "parameter count. bound: bytes moved per parameter (28 AdamW family, 20 Lion and SGD with "
               "momentum, 12 plain SGD) x parameters / copy bandwidth.")

@@ -40,7 +40,8 @@ RECIPES = {
     "NAdamW": ("NAdamW", {"lr": 2e-3, "weight_decay": 0.1}, 28),
     "Lion": ("Lion", {"lr": 1e-4, "weight_decay": 0.1}, 20),  # read p, g, m; write p, m
     "SGD": ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True}, 20),  # 12 without momentum
-    "ScheduleFreeAdamW": ("ScheduleFreeAdamW", {"lr": 2.5e-3, "weight_decay": 0.1}, 28),  # read p, g, z, v; write p, z, v
+    # read p, g, z, v; write p, z, v
+    "ScheduleFreeAdamW": ("ScheduleFreeAdamW", {"lr": 2.5e-3, "weight_decay": 0.1}, 28),
     # prologue: read p (unit norms), g twice (unit norms, means), g again to write the shaped g'; shrink: read and
     # write p; elementwise step: read p, g' and 5 buffers (2 momenta, v, max v, slow weights), write p and the 5
     "Ranger21": ("Ranger21", {"lr": 1e-3, "num_iterations": 10_000}, 80),

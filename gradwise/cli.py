@@ -85,7 +85,8 @@ def recipe_table() -> list[dict[str, str]]:
     for name in recipe_names():
         cls = getattr(gradwise, name)
         hyper = RECIPES[name][1] if name in RECIPES else {}
-        if "lr" not in hyper and inspect.signature(cls.__init__).parameters["lr"].default in (None, inspect.Parameter.empty):
+        lr_default = inspect.signature(cls.__init__).parameters["lr"].default
+        if "lr" not in hyper and lr_default in (None, inspect.Parameter.empty):
             hyper = {"lr": 1e-3, **hyper}
         p = torch.nn.Parameter(torch.zeros(2, 2))
         p.grad = torch.ones(2, 2)
@@ -109,7 +110,10 @@ def wrapper_table() -> list[dict[str, str]]:
     import gradwise.recipes
     from gradwise.by_name import recipe_names
 
-    return [{"name": name, "chain": " ".join((getattr(gradwise.recipes, name).__doc__ or "").strip().split("\n\n")[0].split()).split(". ")[0].rstrip(":")}
+    def first_sentence(doc):
+        return " ".join(doc.strip().split("\n\n")[0].split()).split(". ")[0].rstrip(":")
+
+    return [{"name": name, "chain": first_sentence(getattr(gradwise.recipes, name).__doc__ or "")}
             for name in gradwise.recipes.__all__ if name not in recipe_names()]
 
 

@@ -84,7 +84,8 @@ def test_blocks_follow_the_paper():
     decay = {name: g["weight_decay"] for g in opt.param_groups for name in g["param_names"]}
     head = DIM * DIM // HEADS
     assert blocks["q_proj.weight"] == blocks["k_proj.weight"] == head
-    assert {blocks[n] for n in ("embed.weight", "v_proj.weight", "o_proj.weight", "mlp.0.weight", "lm_head.weight")} == {"row"}
+    row_blocked = ("embed.weight", "v_proj.weight", "o_proj.weight", "mlp.0.weight", "lm_head.weight")
+    assert {blocks[n] for n in row_blocked} == {"row"}
     assert blocks["mlp.0.bias"] == "element" and blocks["attn_norm.weight"] == "tensor"
     assert decay["attn_norm.weight"] == decay["mlp.0.bias"] == 0.0 and decay["q_proj.weight"] == 0.1
     _train(model, opt, torch.float32, steps=1)

@@ -9,8 +9,15 @@ import torch
 
 import gradwise
 from gradwise.transforms.apollo import PROJ_TYPES, next_seed
-from tests.low_rank_helpers import (GAP, assert_resumes_bit_identically, groups, max_difference, model, state_bytes,
-                                    train)
+from tests.low_rank_helpers import (
+    GAP,
+    assert_resumes_bit_identically,
+    groups,
+    max_difference,
+    model,
+    state_bytes,
+    train,
+)
 
 TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-6)}
 APOLLO = dict(rank=4, update_proj_gap=GAP, scale=1.0, proj_type="std", scale_type="channel")

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from optuna.trial import TrialState
 
 from gradwise.arena.rulesets import Entry, plan, self_tuning_entry, work

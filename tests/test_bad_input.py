@@ -182,7 +182,8 @@ def test_unknown_hyperparameter_to_a_custom_chain():
 
 def test_a_param_group_key_one_edit_from_a_hyperparameter_warns_and_is_kept():
     a, b = _params()
-    with pytest.warns(UserWarning, match=r"param_groups\[1\] has key 'lrr', which AdamW does not read; did you mean 'lr'\?"):
+    with pytest.warns(UserWarning,
+                      match=r"param_groups\[1\] has key 'lrr', which AdamW does not read; did you mean 'lr'\?"):
         opt = gradwise.AdamW([{"params": [a]}, {"params": [b], "lrr": 0.1}])
     assert opt.param_groups[1]["lrr"] == 0.1 and opt.param_groups[1]["lr"] == opt.defaults["lr"]
     with pytest.warns(UserWarning, match=r"key 'weight_decy'.*did you mean 'weight_decay'\?"):

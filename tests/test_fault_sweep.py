@@ -201,7 +201,8 @@ def _torch_amsgrad(saved):
 
 
 LOAD_FAULTS = {
-    "buffer of the wrong shape": _loading(_wrong_shape, ValueError, "parameter 'b'", "{found}", "(5, 2)", "expected shape"),
+    "buffer of the wrong shape": _loading(_wrong_shape, ValueError, "parameter 'b'", "{found}", "(5, 2)",
+                                          "expected shape"),
     "buffer a python float": _loading(_python_float, TypeError, "parameter 'b'", "{found}", "0.5 (a float)",
                                       "expected a tensor"),
     "buffer of integers": _loading(_integer_tensor, ValueError, "parameter 'b'", "{found}", "torch.int64",
@@ -343,7 +344,8 @@ def _features(case):
 #: the faults that need something of the case to corrupt; the others apply to every case
 NEEDS = {"buffer of the wrong shape": "buffer", "buffer a python float": "buffer", "buffer of integers": "buffer",
          "negative second moment": "nonnegative", "buffer holding NaN": "buffer", "missing buffer": "buffer",
-         "betas out of range": "betas", "missing step": "buffer", "NaN weight decay": "weight_decay", "torch SGD checkpoint": "not SGD",
+         "betas out of range": "betas", "missing step": "buffer", "NaN weight decay": "weight_decay",
+         "torch SGD checkpoint": "not SGD",
          "state of the wrong shape": "buffer", "torch checkpoint, wrong-shaped buffer": "torch",
          "torch checkpoint, missing buffer": "torch counts steps", "torch checkpoint, unknown buffer": "torch",
          "torch checkpoint, amsgrad": "torch amsgrad"}

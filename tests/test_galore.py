@@ -10,8 +10,15 @@ import torch
 import gradwise
 from gradwise.transforms import scale_by_learning_rate, trace
 from gradwise.transforms.low_rank import PROJ_TYPES, project_low_rank
-from tests.low_rank_helpers import (GAP, assert_resumes_bit_identically, groups, max_difference, model,
-                                    state_bytes, train)
+from tests.low_rank_helpers import (
+    GAP,
+    assert_resumes_bit_identically,
+    groups,
+    max_difference,
+    model,
+    state_bytes,
+    train,
+)
 
 RANK = 3
 #: Float32 tolerance. Both implementations round differently (matmul layouts, 1 - beta in float32 or

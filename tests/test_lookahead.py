@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import gradwise
+from tests.models import bag_of_tensors
 from tests.references.lookahead import ReferenceLookahead
 from tests.test_parity import _clone, assert_trajectories_close, run_bag, run_mlp
-from tests.models import bag_of_tensors
 
 STEPS = 100
 
@@ -36,7 +36,10 @@ def test_lookahead_sgd_trains_an_mlp_like_the_paper():
 @pytest.mark.slow
 def test_lookahead_compiled_equals_eager():
     params = bag_of_tensors(torch.float32)
-    make = lambda compile: lambda p: gradwise.Lookahead(gradwise.AdamW(p, lr=0.01, compile=compile), k=3, alpha=0.5)
+
+    def make(compile):
+        return lambda p: gradwise.Lookahead(gradwise.AdamW(p, lr=0.01, compile=compile), k=3, alpha=0.5)
+
     compiled = run_bag(make(True), _clone(params), torch.float32, 12)
     eager = run_bag(make(False), _clone(params), torch.float32, 12)
     assert_trajectories_close(compiled, eager, torch.float32, rtol=1e-6, atol=1e-7)

@@ -121,8 +121,8 @@ def test_fused_configurations_run_compiled(dtype, torch_cls, kwargs, desc):
     check_against_torch(dtype, torch_cls, kwargs, compile=True)
     ours = gradwise_kwargs(torch_cls, kwargs)
     compiled = run(lambda ps: COUNTERPARTS[torch_cls](ps, **ours), make_params(torch_cls, dtype))
-    eager = run(lambda ps: COUNTERPARTS[torch_cls](ps, compile=False, **{k: v for k, v in ours.items() if k != "fused"}),
-                make_params(torch_cls, dtype))
+    unfused = {k: v for k, v in ours.items() if k != "fused"}
+    eager = run(lambda ps: COUNTERPARTS[torch_cls](ps, compile=False, **unfused), make_params(torch_cls, dtype))
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import gradwise
-from gradwise import chain, scale_by_learning_rate
+from gradwise import chain, scale_by_learning_rate, schedules
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient, unit_norm
 from gradwise.transforms.learning_rate import scale_by_schedule
 from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay, shrink_like_ranger21
-from gradwise import schedules
 from tests.models import bag_of_tensors
 from tests.references import ranger21_components as ref
 from tests.test_parity import _clone, _random_grads
@@ -164,7 +163,8 @@ def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point
     params = bag_of_tensors(torch.float64)
     ours, theirs = _clone(params), [p.detach().clone() for p in params]
     optimizer = gradwise.Optimizer(ours, chain(scale_by_learning_rate(), shrink_like_ranger21(schedule)), compile=False,
-                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor, eps=eps)
+                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor,
+                                   eps=eps)
     for step in range(STEPS):
         grads = _random_grads(params, step)
         for p, g in zip(ours, grads):
@@ -176,4 +176,5 @@ def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point
             p -= lr_t * ref.norm_loss_term(p, factor, eps)
             p -= LR * g
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64], msg=lambda m: f"step {step} tensor {i}: {m}")
+            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64],
+                                       msg=lambda m: f"step {step} tensor {i}: {m}")

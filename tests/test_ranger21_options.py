@@ -115,9 +115,16 @@ def test_adabelief_matches_its_reference(dtype):
 def _belief_chain(params, schedule, lr):
     """Ranger21 with AdaBelief built by hand from the transforms, with n computed here as the recipe's
     docstring says: sqrt((1 + sum of bias-corrected belief second moment after the step) / elements)."""
-    from gradwise.transforms import (centralize_gradient, clip_by_agc, lookahead, normalize_gradient,
-                                     scale_by_learning_rate, scale_by_pnm_adam, scale_by_schedule,
-                                     shrink_like_ranger21)
+    from gradwise.transforms import (
+        centralize_gradient,
+        clip_by_agc,
+        lookahead,
+        normalize_gradient,
+        scale_by_learning_rate,
+        scale_by_pnm_adam,
+        scale_by_schedule,
+        shrink_like_ranger21,
+    )
 
     shaping = gradwise.chain(clip_by_agc(), centralize_gradient(), normalize_gradient())
     pnm = scale_by_pnm_adam(recentralize=True, renormalize=True, belief=True)

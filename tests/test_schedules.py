@@ -63,7 +63,10 @@ def test_algoperf_baseline_equals_torch_sequential_lr():
         torch.optim.lr_scheduler.CosineAnnealingLR(ref_opt, T_max=hint - w)], milestones=[w])
     for _ in range(hint):
         assert ours_opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"], rel=1e-9, abs=1e-12)
-        ours_opt.step(); ref_opt.step(); ours.step(); ref.step()
+        ours_opt.step()
+        ref_opt.step()
+        ours.step()
+        ref.step()
 
 
 def test_schedule_lr_drives_a_gradwise_optimizer_and_resumes():
@@ -76,14 +79,17 @@ def test_schedule_lr_drives_a_gradwise_optimizer_and_resumes():
     seen = []
     for _ in range(5):
         seen.append(opt.param_groups[0]["lr"])
-        p.grad = torch.ones(2); opt.step(); sched.step()
+        p.grad = torch.ones(2)
+        opt.step()
+        sched.step()
     assert seen == pytest.approx([0.5 * schedule(t) for t in range(5)])
     fresh_opt = gradwise.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.5, compile=False)
     fresh = S.ScheduleLR(fresh_opt, schedule)
     fresh.load_state_dict(sched.state_dict())
     fresh_opt.load_state_dict(opt.state_dict())
     assert fresh_opt.param_groups[0]["lr"] == pytest.approx(0.5 * schedule(5))
-    fresh.step(); sched.step()
+    fresh.step()
+    sched.step()
     assert fresh_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == pytest.approx(0.5 * schedule(6))
 
 

@@ -92,7 +92,8 @@ def test_an_overflowing_gradient_skips_the_factor_update_and_the_preconditioner_
             optimizer.step()
     assert optimizer.skipped_factor_updates == 2 and optimizer.eigh_failures == 0  # left and right, once
     state = optimizer.state[params[0]]
-    assert all(state[f"{prefix}.{k}_{side}"].isfinite().all() for k in ("factor", derived) for side in ("left", "right"))
+    assert all(state[f"{prefix}.{k}_{side}"].isfinite().all()
+               for k in ("factor", derived) for side in ("left", "right"))
     assert all(p.isfinite().all() for p in params)
 
 
@@ -120,7 +121,8 @@ def test_failed_eigendecomposition_keeps_previous_roots():
 
 def test_bad_arguments_name_the_value():
     p = [torch.zeros(3, 3, requires_grad=True)]
-    for kwargs, text in [(dict(grafting="adamw"), "grafting='adamw'"), (dict(precondition_frequency=0), "precondition_frequency=0"),
+    for kwargs, text in [(dict(grafting="adamw"), "grafting='adamw'"),
+                         (dict(precondition_frequency=0), "precondition_frequency=0"),
                          (dict(max_preconditioner_dim=2.5), "max_preconditioner_dim=2.5"),
                          (dict(betas=(0.9, 1.5)), r"betas=\(0.9, 1.5\)"), (dict(epsilon=0.0), "epsilon=0.0"),
                          (dict(start_preconditioning_step=0), "start_preconditioning_step=0"),

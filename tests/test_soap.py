@@ -43,7 +43,8 @@ def test_batched_equals_one_block_at_a_time():
 
 def test_bad_arguments_name_the_value():
     p = [torch.zeros(3, 3, requires_grad=True)]
-    for kwargs, text in [(dict(shampoo_beta=1.0), "shampoo_beta=1.0"), (dict(precondition_frequency=0), "precondition_frequency=0"),
+    for kwargs, text in [(dict(shampoo_beta=1.0), "shampoo_beta=1.0"),
+                         (dict(precondition_frequency=0), "precondition_frequency=0"),
                          (dict(max_precond_dim=-1), "max_precond_dim=-1"), (dict(eps=-1.0), "eps=-1.0")]:
         with pytest.raises(ValueError, match=text):
             gradwise.SOAP(p, **kwargs)

@@ -271,7 +271,8 @@ def test_resume_is_bit_identical(state):
     opt, net, opt2, net2 = resume_and_compare(
         lambda params: gradwise.AdamW(params, lr=1e-2, state=StatePolicy(state, min_numel=0), compile=False), steps=5)
     for key, value in opt.state[net[0].weight].items():
-        assert torch.equal(value, opt2.state[net2[0].weight][key]) and value.dtype == opt2.state[net2[0].weight][key].dtype
+        resumed = opt2.state[net2[0].weight][key]
+        assert torch.equal(value, resumed) and value.dtype == resumed.dtype
 
 
 @pytest.mark.parametrize(("source", "target"), [("fp32", "int8"), ("int8", "fp32"), ("int8", "int4"), ("bf16", "int8")])

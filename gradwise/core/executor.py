@@ -128,7 +128,8 @@ class CompiledStep:
         """``_flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
         key = id(t)
         entry = self._aliases.get(key)
-        if entry is not None and entry[0]() is t and entry[1].data_ptr() == t.data_ptr() and entry[1].numel() == t.numel():
+        if (entry is not None and entry[0]() is t and entry[1].data_ptr() == t.data_ptr()
+                and entry[1].numel() == t.numel()):
             return entry[1]
         flat = _flat_alias(t)
         self._aliases[key] = (weakref.ref(t, lambda _, key=key: self._aliases.pop(key, None)), flat)

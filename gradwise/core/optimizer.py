@@ -21,8 +21,15 @@ from gradwise.core.executor import CompiledStep, pack
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
 from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
-from gradwise.core.state_check import (BOOKKEEPING_KEYS, check_step, checked_load, group_defaults, load_counters,
-                                       put_back_uncast, save_counters)
+from gradwise.core.state_check import (
+    BOOKKEEPING_KEYS,
+    check_step,
+    checked_load,
+    group_defaults,
+    load_counters,
+    put_back_uncast,
+    save_counters,
+)
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
@@ -271,7 +278,8 @@ class Optimizer(torch.optim.Optimizer):
         # are put back, so a compile failure (graphs compile on copies first) changes nothing. An
         # exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier groups and
         # buckets stepped and this bucket's parameters and param-shaped state in part (README).
-        saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] if advances else []
+        saved = ([{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states]
+                 if advances else [])
         try:
             by_step: dict[int, list[int]] = defaultdict(list)
             for i, st in enumerate(states):
@@ -368,7 +376,8 @@ class Optimizer(torch.optim.Optimizer):
         """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
         count = sum(len(g["params"]) for g in self.param_groups)
         if getattr(self, "_positions", (None, 0))[1] != count:
-            self._positions = ({id(q): i for i, q in enumerate(q for g in self.param_groups for q in g["params"])}, count)
+            ordered = (q for g in self.param_groups for q in g["params"])
+            self._positions = ({id(q): i for i, q in enumerate(ordered)}, count)
         return self._positions[0][id(p)]
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -61,20 +61,21 @@ def check_step(optimizer) -> None:
                 continue
             g = p.grad
             if g.is_sparse:
-                raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need dense gradients"
-                                " (use torch.optim.SparseAdam for sparse embeddings)")
+                raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need"
+                                " dense gradients (use torch.optim.SparseAdam for sparse embeddings)")
             if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-                raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device};"
+                raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
+                                 f" {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
             if not transform.elementwise and isinstance(p, DTensor):
                 raise NotImplementedError(
-                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet gather DTensor"
-                    " shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
+                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet"
+                    " gather DTensor shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
             expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
                 if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:
-                    raise ValueError(f"{param_label(group, p, index)} has state {key!r} of shape {tuple(value.shape)}; expected shape"
-                                     f" {tuple(expected[key][0])}")
+                    raise ValueError(f"{param_label(group, p, index)} has state {key!r} of shape"
+                                     f" {tuple(value.shape)}; expected shape {tuple(expected[key][0])}")
                 if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
                     raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
 

@@ -2,12 +2,12 @@
 from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
-from gradwise.recipes.came import CAME
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
+from gradwise.recipes.came import CAME
 from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
-from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.lomo import LOMO, AdaLomo
+from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.ranger21 import Ranger21

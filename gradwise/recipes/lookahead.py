@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from gradwise.core.fused_backward import fused_backward as install_fused_backward, installed_on
+from gradwise.core.fused_backward import fused_backward as install_fused_backward
+from gradwise.core.fused_backward import installed_on
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.transforms.lookahead import lookahead
@@ -18,8 +19,9 @@ def Lookahead(optimizer: Optimizer, k: int = 5, alpha: float = 0.5) -> Optimizer
 
     An optimizer that steps inside backward (LOMO, AdaLomo, ``gradwise.fused_backward``) hands its
     hooks over: the new optimizer steps inside backward, Lookahead included, and its handle is
-    ``.fused_backward`` (the old handle's ``remove()`` then does nothing). Refused: an optimizer whose chain already ends in Lookahead (Ranger21 has it
-    built in: ``lookahead_mergetime``, ``lookahead_blending_alpha``), and one that overrides
+    ``.fused_backward`` (the old handle's ``remove()`` then does nothing). Refused: an optimizer whose
+    chain already ends in Lookahead (Ranger21 has it built in: ``lookahead_mergetime``,
+    ``lookahead_blending_alpha``), and one that overrides
     ``step()`` (Ranger21's prologue), which the new optimizer would not run.
     """
     if not isinstance(optimizer, Optimizer):

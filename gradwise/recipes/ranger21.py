@@ -14,8 +14,8 @@ from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_sche
 from gradwise.transforms.gradient_shaping import unit_norm
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
-from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.madgrad import scale_by_madgrad
+from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.regularizers import trace_second_moment
 
 

@@ -22,8 +22,13 @@ import torch
 from torch import Tensor
 
 from gradwise.core.transform import Transform
-from gradwise.transforms.gradient_shaping import (AGC_GRAD_EPS, NORMALIZE_EPS, centralize_gradient, clip_by_agc,
-                                                  unit_norm)
+from gradwise.transforms.gradient_shaping import (
+    AGC_GRAD_EPS,
+    NORMALIZE_EPS,
+    centralize_gradient,
+    clip_by_agc,
+    unit_norm,
+)
 from gradwise.transforms.learning_rate import scale_by_learning_rate
 from gradwise.transforms.regularizers import add_norm_loss, add_stable_weight_decay
 

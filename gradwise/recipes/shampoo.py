@@ -32,9 +32,11 @@ class Shampoo(Optimizer):
                  maximize=False, skip_nonfinite=False, compile="auto", state=None,
                  param_rounding="nearest"):
         if not isinstance(use_decoupled_weight_decay, bool):
-            raise TypeError(f"invalid use_decoupled_weight_decay={use_decoupled_weight_decay!r}: expected True or False")
+            raise TypeError(f"invalid use_decoupled_weight_decay={use_decoupled_weight_decay!r}:"
+                            " expected True or False")
         self._shampoo = scale_by_shampoo()
-        links = [self._shampoo, add_decayed_weights()] if use_decoupled_weight_decay else [add_decayed_weights(), self._shampoo]
+        links = ([self._shampoo, add_decayed_weights()] if use_decoupled_weight_decay
+                 else [add_decayed_weights(), self._shampoo])
         super().__init__(
             params, chain(*links, scale_by_learning_rate()), lr=lr, betas=betas, epsilon=epsilon,
             weight_decay=weight_decay, max_preconditioner_dim=max_preconditioner_dim,

@@ -5,8 +5,8 @@ policy that picks one per parameter. Orthogonal to the update rule: transforms s
     AdamW(model.named_parameters(), state=StatePolicy("int4", rules={"wte|wpe": "fp32"}))
 """
 from gradwise.state.bf16 import BF16
-from gradwise.state.integer import Int4, Int8
 from gradwise.state.codec import Codec, codec_from
+from gradwise.state.integer import Int4, Int8
 from gradwise.state.policy import StatePolicy
 
 __all__ = ["BF16", "Codec", "Int4", "Int8", "StatePolicy", "codec_from"]

@@ -86,7 +86,8 @@ def codec_from(spec: Any, argument: str = "state") -> Codec | None:
             return names[name]()
         normalization = next((o for o in options if o in ("block", "rank1")), "default")
         rounding = next((o for o in options if o in ("nearest", "stochastic")), "default")
-        if name in ("int8", "int4") and block.isdigit() and len(options) == (normalization != "default") + (rounding != "default"):
+        named = (normalization != "default") + (rounding != "default")
+        if name in ("int8", "int4") and block.isdigit() and len(options) == named:
             try:
                 return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
             except ValueError as error:

@@ -61,7 +61,8 @@ class EncodedState:
                 raise NotImplementedError(
                     f"parameter {name or position} is a DTensor: encoded state ({codec.tag}) is not yet supported"
                     " for sharded parameters; keep it in float32 with a StatePolicy rule, e.g. rules={'.*': 'fp32'}")
-            store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative, seed(0, position, buffer))
+            store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative,
+                  seed(0, position, buffer))
 
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:

@@ -32,7 +32,12 @@ from torch import Tensor
 from gradwise.state.codec import Codec, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
-    decode_blocks, decode_rank1, encode_blocks, encode_rank1, pack4, unpack4,
+    decode_blocks,
+    decode_rank1,
+    encode_blocks,
+    encode_rank1,
+    pack4,
+    unpack4,
 )
 
 _NORMALIZATIONS = ("default", "block", "rank1")

@@ -21,8 +21,12 @@ from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import (add_norm_loss, add_stable_weight_decay, shrink_like_ranger21,
-                                              trace_second_moment)
+from gradwise.transforms.regularizers import (
+    add_norm_loss,
+    add_stable_weight_decay,
+    shrink_like_ranger21,
+    trace_second_moment,
+)
 from gradwise.transforms.route import route
 from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_free
 from gradwise.transforms.shampoo import scale_by_shampoo

@@ -11,8 +11,16 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, boolean, choice
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.low_rank import (check_fits, inner_chain, project, projected_shape,
-                                          projection_hyper, projects, refresh_bases, side_of)
+from gradwise.transforms.low_rank import (
+    check_fits,
+    inner_chain,
+    project,
+    projected_shape,
+    projection_hyper,
+    projects,
+    refresh_bases,
+    side_of,
+)
 
 #: APOLLO's projections (random ones have no "full" form) and its scale factors' granularity.
 PROJ_TYPES = ("std", "reverse_std", "right", "left")

@@ -50,7 +50,8 @@ class Blocking:
         pad_rows, pad_cols = gr * self.block_rows - self.rows, gc * self.block_cols - self.cols
         if pad_rows or pad_cols:
             m = torch.nn.functional.pad(m, (0, pad_cols, 0, pad_rows))
-        return m.reshape(gr, self.block_rows, gc, self.block_cols).transpose(1, 2).reshape(-1, self.block_rows, self.block_cols)
+        blocks = m.reshape(gr, self.block_rows, gc, self.block_cols).transpose(1, 2)
+        return blocks.reshape(-1, self.block_rows, self.block_cols)
 
     def merge(self, blocks: Tensor) -> Tensor:
         """The inverse of ``split``: a tensor of ``shape`` from its blocks (padding dropped)."""

@@ -46,10 +46,12 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
                 raise TypeError(f"route(): {key}={entry!r} must be a Transform or (Transform, dict)")
             unknown = sorted(set(values) - set(transform.hyper))
             if unknown:
-                raise TypeError(f"route(): {key} got unknown hyperparameter(s) {unknown}; allowed: {sorted(transform.hyper)}")
+                raise TypeError(f"route(): {key} got unknown hyperparameter(s) {unknown};"
+                                f" allowed: {sorted(transform.hyper)}")
             for name, spec in transform.hyper.items():
                 other = merged.setdefault(name, spec)
-                if (other.check, other.static, other.zero_is_identity) != (spec.check, spec.static, spec.zero_is_identity):
+                if ((other.check, other.static, other.zero_is_identity)
+                        != (spec.check, spec.static, spec.zero_is_identity)):
                     raise ValueError(f"route(): routes declare hyperparameter {name!r} differently; rename one")
             for name, value in values.items():
                 transform.hyper[name].validate(name, value)

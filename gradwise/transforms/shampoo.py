@@ -31,8 +31,10 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 def _start(name: str, value: Any) -> None:
-    if value is not None and not (value == math.inf or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
-        raise ValueError(f"invalid {name}={value!r}: expected None (= precondition_frequency), an integer >= 1 or math.inf")
+    is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if value is not None and not (value == math.inf or is_count):
+        raise ValueError(f"invalid {name}={value!r}: expected None (= precondition_frequency), an integer >= 1"
+                         " or math.inf")
 
 
 class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -51,8 +53,9 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
     D = P_L m_hat P_R * ||D_graft|| / ||P_L m_hat P_R||  (Frobenius norms per block); before, D_graft.
     A block whose eigendecomposition fails keeps its previous roots (a warning; ``eigh_failures``
     counts them); a factor update that would make a factor NaN or inf (an overflowing or non-finite
-    gradient) is skipped, keeping the factor (a warning at the next refresh; ``factor_skips``). Blocks of one shape, across all parameters, go through one batched matmul and one
-    batched ``eigh`` (``batch_blocks=False``: one block at a time, for comparison).
+    gradient) is skipped, keeping the factor (a warning at the next refresh; ``factor_skips``).
+    Blocks of one shape, across all parameters, go through one batched matmul and one batched
+    ``eigh`` (``batch_blocks=False``: one block at a time, for comparison).
     """
 
     name = "shampoo"

@@ -105,7 +105,8 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
             rotated = ql.mT @ g @ qr
             v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
             v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
-            direction = ql @ ((ql.mT @ torch.cat([moments[i][k] for i, k in members]) @ qr) / (v.sqrt() + ctx["eps"])) @ qr.mT
+            rotated_moment = ql.mT @ torch.cat([moments[i][k] for i, k in members]) @ qr
+            direction = ql @ (rotated_moment / (v.sqrt() + ctx["eps"])) @ qr.mT
             for (i, k), piece, v_piece in zip(members, pieces(direction, members), pieces(v, members)):
                 result[i][k] = piece * ctx["step_scale"]
                 state["exp_avg_sq"][i][k].copy_(v_piece)

@@ -39,5 +39,8 @@ class MuonReference:
             u = g + o["momentum"] * (buf - g) if o["nesterov"] else buf
             ortho = quintic_newton_schulz(u, o["coefficients"], o["steps"], o["eps"])
             rows, cols = p.shape
-            scale = 0.2 * math.sqrt(max(rows, cols)) if o["adjust"] == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+            if o["adjust"] == "match_rms_adamw":
+                scale = 0.2 * math.sqrt(max(rows, cols))
+            else:
+                scale = math.sqrt(max(1, rows / cols))
             p.mul_(1 - o["lr"] * o["weight_decay"]).sub_(o["lr"] * scale * ortho)

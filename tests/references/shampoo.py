@@ -20,7 +20,8 @@ class ShampooReference:
         self.params = list(params)
         self.o = dict(lr=lr, b1=betas[0], b2=betas[1], eps=epsilon, wd=weight_decay, dim=max_preconditioner_dim,
                       f=precondition_frequency, start=start_preconditioning_step or precondition_frequency,
-                      decoupled=use_decoupled_weight_decay, grafting=grafting, bg=grafting_beta2, eps_g=grafting_epsilon)
+                      decoupled=use_decoupled_weight_decay, grafting=grafting, bg=grafting_beta2,
+                      eps_g=grafting_epsilon)
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]

@@ -26,7 +26,8 @@ class SOAPReference:
                 for r in range(0, rows, dr):
                     for c in range(0, cols, dc):
                         nr, nc = min(dr, rows - r), min(dc, cols - c)
-                        blocks.append(dict(rows=slice(r, r + nr), cols=slice(c, c + nc), v=torch.zeros(nr, nc, dtype=p.dtype),
+                        blocks.append(dict(rows=slice(r, r + nr), cols=slice(c, c + nc),
+                                           v=torch.zeros(nr, nc, dtype=p.dtype),
                                            L=torch.zeros(nr, nr, dtype=p.dtype), R=torch.zeros(nc, nc, dtype=p.dtype)))
             self.blocks.append(blocks)
 
