@@ -15,8 +15,8 @@ from gradwise.transforms.adam import scale_by_adam_moments
 HYPER = dict(lr=0.1, momentum=0.9, lookahead_k=2, rank=2, update_proj_gap=2)
 
 
-def optimizer_for(ps, transform):
-    return Optimizer(ps, transform, **{k: v for k, v in HYPER.items() if k in transform.hyper})
+def optimizer_for(ps, transform, **options):
+    return Optimizer(ps, transform, **options, **{k: v for k, v in HYPER.items() if k in transform.hyper})
 
 
 def by_dim(name, p):
@@ -52,13 +52,15 @@ WRAPS = {"as_is": lambda inner: inner,
          "after_apollo": lambda inner: chain(scale_by_apollo(scale_by_adam_moments()), *inner.transforms)}
 
 
-@pytest.mark.parametrize("wrap", WRAPS)
+@pytest.mark.parametrize("wrap", [*WRAPS, "as_is_under_skip_nonfinite"])
 @pytest.mark.parametrize("evaluated", EVALUATED)
 def test_eval_and_train_move_the_routed_parameters_as_without_route(evaluated, wrap):
-    transform = WRAPS[wrap](EVALUATED[evaluated]())
+    guarded = wrap.endswith("_under_skip_nonfinite")  # chain(skip_nonfinite(), route(...)): keys of the resolved chain
+    transform = WRAPS[wrap.removesuffix("_under_skip_nonfinite")](EVALUATED[evaluated]())
     routed, alone = params(), params()
     matrices = [alone[0], alone[2]]
-    ours = optimizer_for(routed, route(by_dim, inner=transform, other=chain(scale_by_learning_rate())))
+    ours = optimizer_for(routed, route(by_dim, inner=transform, other=chain(scale_by_learning_rate())),
+                         skip_nonfinite=guarded)
     reference = optimizer_for(matrices, transform)
     step(ours, routed), step(reference, alone)
     for mode in ("eval", "train", "eval"):
