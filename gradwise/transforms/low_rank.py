@@ -44,8 +44,8 @@ def inner_chain(inner: Transform, owner: str) -> Chain:
     if inner.weights_like or uses(inner, "set_mode"):
         raise ValueError(f"{owner}(): inner={inner!r} keeps a copy of the weights or moves them in eval(),"
                          " which the projected space has no room for; put it after the projection instead,"
-                         f" e.g. chain({owner}(trace()), scale_by_schedule_free()) or chain({owner}(...),"
-                         " scale_by_learning_rate(), lookahead())")
+                         f" e.g. chain({owner}(scale_by_adam_moments()), scale_by_schedule_free())"
+                         f" or chain({owner}(...), scale_by_learning_rate(), lookahead())")
     return inner
 
 
