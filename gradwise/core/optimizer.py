@@ -218,12 +218,13 @@ class Optimizer(torch.optim.Optimizer):
             return self
         if self._has_modes():
             for group in self.param_groups:
+                transform = self.transform.for_group(group)  # the chain whose keys the state has
                 for p in group["params"]:
                     state = self.state.get(p)
                     if state and "step" in state:
                         own = self._encoded.decoded(state, p)  # set_mode only reads the state
                         view = torch.view_as_real(local(p)) if p.is_complex() else local(p)
-                        self.transform.set_mode(target, view, own, group)
+                        transform.set_mode(target, view, own, group)
         self.mode = target
         return self
 

@@ -6,6 +6,13 @@ tensors; the executor runs it eagerly over a whole bucket (the reference path) o
 ``torch.compile`` into one fused pass per parameter. ``chain(a, b, c)`` is itself a transform whose
 links keep their state under namespaced keys (``"adam.exp_avg"``), so two momenta never collide.
 
+The optional hooks (``HOOKS``: ``seed``, ``advance``, ``set_mode``, ``skip_step``, ``split_group``) are
+declared, in ``Transform.hooks``: a class that defines one in its body declares it. A composite
+(``chain``, ``route``, ``project_low_rank``, ``scale_by_apollo``) names what it wraps in ``wrapped``, and
+the base class's hook methods forward each hook to the wrapped transforms that use it; ``uses(t, hook)``
+reads the declarations of ``t`` and everything it wraps. So a hook a transform gains is forwarded by
+every wrapper, and the optimizer calls a hook only on a chain that uses it.
+
 The update convention follows optax: the chain turns gradients into the *change* added to the
 parameters, so recipes end with ``scale_by_learning_rate`` (which multiplies by ``-lr``).
 """
@@ -49,6 +56,11 @@ class Context:
         return self.static[f"{name}!=0"]
 
 
+#: the hooks a transform may implement besides ``init``, ``scalars`` and ``update`` (which every
+#: transform has), and which the optimizer calls only on a chain that ``uses`` them.
+HOOKS = ("seed", "advance", "set_mode", "skip_step", "split_group")
+
+
 class Transform:
     """Base class. Subclasses set ``state``, ``hyper`` and implement ``update``.
 
@@ -57,6 +69,13 @@ class Transform:
     ``batched`` says the update stacks same-shaped tensors of different parameters (one batched matmul
     or eigh), so it runs over a whole bucket at once, eagerly, never one parameter per compiled call.
     ``name`` namespaces the state keys inside a chain.
+
+    ``hooks`` declares the ``HOOKS`` the transform implements itself. Defining one in a class body
+    declares it (``__init_subclass__`` adds it to the class's ``hooks``); an instance may narrow its
+    own (``lookahead()`` without ``evaluate_slow`` has no ``set_mode``). A composite does not
+    define hooks: it returns what it wraps from ``wrapped``, and the base class's hook methods
+    forward to those of them that use the hook; a hook that does work of its own and then forwards
+    calls ``super()`` (APOLLO's ``seed``).
     """
 
     name: str = "transform"
@@ -70,6 +89,17 @@ class Transform:
     hyper: Mapping[str, Hyper] = {}
     elementwise: bool = True
     batched: bool = False
+    hooks: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.hooks = frozenset(cls.hooks) | {hook for hook in HOOKS if hook in vars(cls)}
+
+    def wrapped(self, group: Mapping[str, Any] | None = None) -> list[tuple[str, "Transform"]]:
+        """The (namespace, transform) pairs this composite wraps, where each one's state and scalars
+        live under ``"<namespace>.<key>"`` (namespace ``""``: under the same keys); with ``group``, only
+        those that run on that group's parameters. A transform that wraps nothing returns ``[]``."""
+        return []
 
     def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         """State buffers for one parameter; the default is zeros shaped like the parameter."""
@@ -79,8 +109,11 @@ class Transform:
     def seed(self, state: Mapping[str, Tensor], index: int) -> None:
         """Called once on a parameter's freshly made state (``init``'s buffers) with the parameter's
         index among all the optimizer's parameters, in group order: a seed that is the same in every
-        run and every process, for state drawn at random (APOLLO's projections). The default does nothing.
+        run and every process, for state drawn at random (APOLLO's projections). The default forwards
+        to the wrapped transforms that use it.
         """
+        for namespace, t in _wrapped_using(self, "seed"):
+            t.seed(_strip(namespace, state), index)
 
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         """Per-step constants computed in Python from the hyperparameters and the step count (e.g.
@@ -95,8 +128,11 @@ class Transform:
         ``update`` may only write state shaped like the parameter: that is what lets the executor
         run it on any slicing of the parameter (eager pieces, flat views) without repeating a write.
         A transform that is not ``elementwise`` always sees whole tensors, so its ``update`` may write
-        any of its state (Shampoo's factors, Adafactor's row and column means).
+        any of its state (Shampoo's factors, Adafactor's row and column means). The default forwards
+        to the wrapped transforms that use it.
         """
+        for namespace, t in _wrapped_using(self, "advance"):
+            t.advance(_strip(namespace, state), hyper, _strip(namespace, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
@@ -107,12 +143,18 @@ class Transform:
         ``Optimizer.train()`` calls it with ``mode="train"`` and ``Optimizer.eval()`` with ``"eval"``,
         once per parameter that has state, only when the mode changes. A transform whose gradients
         are taken at one point and whose model is evaluated at another (Schedule-Free's y and x)
-        overrides it; the default does nothing.
+        defines it; the default forwards to the wrapped transforms of ``group`` that use it.
         """
+        for namespace, t in _wrapped_using(self, "set_mode", group):
+            t.set_mode(mode, param, _strip(namespace, state), group)
 
     def skip_step(self, grads: list[Tensor]) -> Tensor | None:
-        """A guard: return a bool tensor that is True when the whole optimizer step must be skipped."""
-        return None
+        """A guard: return a bool tensor that is True when the whole optimizer step must be skipped
+        (``grads``: every gradient of the step). The default: whether any wrapped guard says so."""
+        flags = [f for _, t in _wrapped_using(self, "skip_step") if (f := t.skip_step(grads)) is not None]
+        if not flags:
+            return None
+        return torch.stack(flags).any() if len(flags) > 1 else flags[0]
 
     def links(self) -> list[tuple[str, "Transform"]]:
         """The (namespace, transform) pairs this transform is made of."""
@@ -120,8 +162,12 @@ class Transform:
 
     def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
         """The param groups a user's group becomes; one, itself, except under ``route``, which
-        splits it by route (called before torch normalizes the group, so items may be (name, p))."""
-        return [group]
+        splits it by route (called before torch normalizes the group, so items may be (name, p)).
+        The default: the one wrapped transform that splits groups decides."""
+        splitters = _wrapped_using(self, "split_group")
+        if len(splitters) > 1:
+            raise ValueError(f"{self!r} holds more than one route(); give one route() all the routes instead")
+        return splitters[0][1].split_group(group) if splitters else [group]
 
     def for_group(self, group: Mapping[str, Any]) -> "Transform":
         """The transform that runs on this group's parameters: itself, except under ``route``."""
@@ -163,11 +209,8 @@ class Chain(Transform):
     def links(self) -> list[tuple[str, Transform]]:
         return list(zip(self._names, self.transforms))
 
-    def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
-        splitters = [t for t in self.transforms if overrides(t, "split_group")]
-        if len(splitters) > 1:
-            raise ValueError(f"{self!r} holds more than one route(); give one route() all the routes instead")
-        return splitters[0].split_group(group) if splitters else [group]
+    def wrapped(self, group: Mapping[str, Any] | None = None) -> list[tuple[str, Transform]]:
+        return self.links()
 
     def for_group(self, group: Mapping[str, Any]) -> Transform:
         resolved = tuple(t.for_group(group) for t in self.transforms)
@@ -185,18 +228,8 @@ class Chain(Transform):
             out.update({f"{name}.{k}": v for k, v in t.init(param, group).items()})
         return out
 
-    def seed(self, state: Mapping[str, Tensor], index: int) -> None:
-        for name, t in self.links():
-            if overrides(t, "seed"):
-                t.seed(_strip(name, state), index)
-
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         return {f"{name}.{k}": v for name, t in self.links() for k, v in t.scalars(hyper, step).items()}
-
-    def advance(self, state: Mapping[str, Tensor], hyper: Mapping[str, Any], scalars: Mapping[str, float]) -> None:
-        for name, t in self.links():
-            if overrides(t, "advance"):
-                t.advance(_strip(name, state), hyper, _strip(name, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         for name, t in self.links():
@@ -205,33 +238,28 @@ class Chain(Transform):
             updates = t.update(updates, own_state, own_ctx)
         return updates
 
-    def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
-        for name, t in self.links():
-            if overrides(t, "set_mode"):
-                t.set_mode(mode, param, _strip(name, state), group)
-
-    def skip_step(self, grads: list[Tensor]) -> Tensor | None:
-        flags = [f for t in self.transforms if (f := t.skip_step(grads)) is not None]
-        if not flags:
-            return None
-        return torch.stack(flags).any() if len(flags) > 1 else flags[0]
-
     def __repr__(self) -> str:
         return "chain(" + ", ".join(repr(t) for t in self.transforms) + ")"
 
 
-def overrides(transform: Transform, hook: str) -> bool:
-    """Whether ``transform`` implements ``hook`` (``"advance"``, ``"set_mode"``, ...) itself rather than
-    inheriting the base class's no-op."""
-    return getattr(type(transform), hook) is not getattr(Transform, hook)
+def uses(transform: Transform, hook: str, group: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``transform`` or anything it wraps (on ``group``'s parameters, when given) declares
+    ``hook``, one of ``HOOKS``."""
+    if hook not in HOOKS:
+        raise ValueError(f"invalid hook={hook!r}: expected one of {sorted(HOOKS)}")
+    return hook in transform.hooks or bool(_wrapped_using(transform, hook, group))
 
 
-def uses(transform: Transform, hook: str) -> bool:
-    """Whether any link of ``transform`` implements ``hook``."""
-    return any(overrides(t, hook) for _, t in transform.links())
+def _wrapped_using(transform: Transform, hook: str,
+                   group: Mapping[str, Any] | None = None) -> list[tuple[str, Transform]]:
+    """The (namespace, transform) pairs ``transform`` wraps (for ``group``) that use ``hook``."""
+    return [(namespace, t) for namespace, t in transform.wrapped(group) if uses(t, hook, group)]
 
 
-def _strip(namespace: str, entries: Mapping[str, Any]) -> dict[str, Any]:
+def _strip(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The entries under ``namespace`` with it taken off their keys (namespace ``""``: all, as they are)."""
+    if not namespace:
+        return entries
     prefix = namespace + "."
     return {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
 

@@ -58,7 +58,8 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
     u <- G * s;  norm-growth limiter (unless ``disable_nl``): from the second step on,
     u <- u / (max(||u|| / (prev + 1e-8), 1.01) / 1.01) and prev <- ||u|| after it (at step 1, prev <- ||u||);
     u <- sqrt(``scale``) u (before the limiter when ``scale_front``).
-    Other parameters get ``inner`` as it is.
+    Other parameters get ``inner`` as it is; ``inner``'s hooks are forwarded, and it may not keep a
+    copy of the weights (``low_rank.inner_chain``).
 
     A random projection is never stored: it is redrawn every step from the 0-d ``seed`` state, which
     starts at the parameter's index (in group order) + 1 and goes through ``state_dict``, so a resume
@@ -102,9 +103,12 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
             check_fits(param.shape, rank, largest, f"a random {side} projection maps a side of {largest} to rank")
         return {**own, **self.inner.init(param.new_empty(projected_shape(param.shape, side, rank)), group)}
 
+    def wrapped(self, group=None) -> list[tuple[str, Transform]]:
+        return [("", self.inner)]
+
     def seed(self, state, index: int) -> None:
         state["seed"].fill_(index + 1)
-        self.inner.seed({k: state[k] for k in self.inner.state}, index)
+        super().seed(state, index)
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         refresh = (step - 1) % hyper["update_proj_gap"] == 0
@@ -114,7 +118,7 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
     def advance(self, state, hyper, scalars) -> None:
         if scalars["redraw"] and hyper["proj"] == "random":
             state["seed"].fill_(next_seed(int(state["seed"])))
-        self.inner.advance({k: state[k] for k in self.inner.state}, hyper, scalars)
+        super().advance(state, hyper, scalars)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         rank = ctx["rank"]

@@ -39,13 +39,11 @@ class lookahead(Transform):  # noqa: N801
     weights_like = ("slow",)
     hyper = {"lookahead_k": Hyper(5, positive_int), "lookahead_alpha": Hyper(0.5, closed_unit_interval)}
 
-    def __new__(cls, evaluate_slow: bool = False):
-        if evaluate_slow and cls is lookahead:
-            cls = _lookahead_evaluated_slow
-        return super().__new__(cls)
-
     def __init__(self, evaluate_slow: bool = False):
         boolean("evaluate_slow", evaluate_slow)
+        self.evaluate_slow = evaluate_slow
+        if not evaluate_slow:  # the model holds the fast weights in eval mode too: no set_mode
+            self.hooks = type(self).hooks - {"set_mode"}
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         return {"slow": param.detach().to(state_dtype(param), copy=True)}
@@ -62,15 +60,12 @@ class lookahead(Transform):  # noqa: N801
             out.append(torch.where(sync > 0, slow - p, u))
         return out
 
-
-class _lookahead_evaluated_slow(lookahead):  # noqa: N801
-    """``lookahead(evaluate_slow=True)``: the model holds the slow weights in eval mode."""
-
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:
+        """``evaluate_slow=True``: swap the parameter and its slow weights (module docstring)."""
         slow = state["slow"]
         fast = param.to(slow.dtype, copy=True)
         param.copy_(slow)
         slow.copy_(fast)
 
     def __repr__(self) -> str:
-        return "lookahead(evaluate_slow=True)"
+        return "lookahead(evaluate_slow=True)" if self.evaluate_slow else "lookahead()"

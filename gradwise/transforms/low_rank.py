@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, choice, positive
-from gradwise.core.transform import Chain, Context, Transform, chain, state_dtype
+from gradwise.core.transform import Chain, Context, Transform, chain, state_dtype, uses
 
 #: GaLore's projection types, named as galore-torch names them: ``std`` projects the larger side
 #: away (right for m >= n, left otherwise), ``reverse_std`` the smaller one.
@@ -33,10 +33,20 @@ def check_gap(name: str, value: Any) -> None:
 
 
 def inner_chain(inner: Transform, owner: str) -> Chain:
-    """The chain a projection wrapper runs in the projected space (one transform becomes a chain of one)."""
+    """The chain a projection wrapper runs in the projected space (one transform becomes a chain of one).
+
+    It may not keep a copy of the weights (``weights_like`` state: Schedule-Free's z, Lookahead's slow
+    weights) nor move the parameters in ``eval()`` (``set_mode``): a projected matrix has no weights
+    there, only its projection, and its subspace changes at every refresh."""
     if not isinstance(inner, Transform):
         raise TypeError(f"{owner}(): inner={inner!r} must be a Transform, e.g. scale_by_adam_moments()")
-    return inner if isinstance(inner, Chain) else chain(inner)
+    inner = inner if isinstance(inner, Chain) else chain(inner)
+    if inner.weights_like or uses(inner, "set_mode"):
+        raise ValueError(f"{owner}(): inner={inner!r} keeps a copy of the weights or moves them in eval(),"
+                         " which the projected space has no room for; put it after the projection instead,"
+                         f" e.g. chain({owner}(scale_by_adam_moments()), scale_by_schedule_free())"
+                         f" or chain({owner}(...), scale_by_learning_rate(), lookahead())")
+    return inner
 
 
 def projection_hyper(proj_types: tuple[str, ...], scale: float) -> dict[str, Hyper]:
@@ -101,6 +111,8 @@ class project_low_rank(Transform):  # noqa: N801 - transforms are named like fun
     ``inner``'s state lives in the projected shape and persists across refreshes, as in the paper;
     ``inner`` sees the projected gradient as its updates and grads and the projected parameter as
     its params. Other parameters (vectors, scalars, groups with ``rank=None``) get ``inner`` as it is.
+    ``inner``'s hooks are forwarded (``Transform.wrapped``); it may not keep a copy of the weights
+    (``inner_chain``).
 
     It is not elementwise (a matmul and an SVD per matrix), so it runs eagerly on whole tensors
     (``batched``), and not on DTensor shards. ``rank`` larger than min(m, n) raises ``ValueError``.
@@ -134,14 +146,11 @@ class project_low_rank(Transform):  # noqa: N801 - transforms are named like fun
                 "basis_right": torch.zeros(rank, n, dtype=dtype, device=device) if side != "left" else empty.clone(),
                 **self.inner.init(low, group)}
 
-    def seed(self, state, index: int) -> None:
-        self.inner.seed({k: state[k] for k in self.inner.state}, index)
+    def wrapped(self, group=None) -> list[tuple[str, Transform]]:
+        return [("", self.inner)]
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         return {"refresh": float((step - 1) % hyper["update_proj_gap"] == 0), **self.inner.scalars(hyper, step)}
-
-    def advance(self, state, hyper, scalars) -> None:
-        self.inner.advance({k: state[k] for k in self.inner.state}, hyper, scalars)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         chosen = [i for i, u in enumerate(updates) if projects(u, ctx["rank"])]

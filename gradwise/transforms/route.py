@@ -26,7 +26,9 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
     Where two routes declare the same hyperparameter with different defaults (Newton-Schulz's
     ``eps`` and Adam's ``eps``), each route gets its own chain's default. A group the user tags with
     ``"route"`` is not split. Each parameter keeps only its own route's state, under the same keys
-    as without routing.
+    as without routing, and gets its route's hooks (``Optimizer.eval()`` moves the parameters of a
+    Schedule-Free route); a guard (``skip_nonfinite``) in any route checks every gradient and skips
+    the whole step.
     """
 
     name = "route"
@@ -88,6 +90,9 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
 
     def for_group(self, group: Mapping[str, Any]) -> Transform:
         return self.routes[group["route"]].for_group(group)
+
+    def wrapped(self, group: Mapping[str, Any] | None = None) -> list[tuple[str, Transform]]:
+        return [("", t) for t in self.routes.values()] if group is None else [("", self.routes[group["route"]])]
 
     def init(self, param: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         return self.for_group(group).init(param, group)
