@@ -2,7 +2,7 @@
 """How far float32 runs stay from torch.optim's own for-loop implementation, beside torch's foreach and fused.
 
 Each optimizer takes the same float32 weights (0.01 * randn) and the same gradients (randn, a new draw
-each step) for ``--steps`` steps at ``--lr``; the table shows max |p - p_torch_for_loop| / max |p_torch_for_loop|
+each step) for ``--steps`` steps at ``--lr``; the table shows max |p - p_loop| / max |p_loop|, p_loop torch's for-loop,
 for gradwise (eager, and compiled with ``--compiled``), weight decay 0.01 everywhere, and for torch's foreach and fused variants, so
 gradwise's rounding error can be read against the spread torch itself has between its implementations.
 Runs in a few seconds (about a minute with ``--compiled``).

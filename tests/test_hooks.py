@@ -7,8 +7,19 @@ import pytest
 import torch
 
 import gradwise
-from gradwise import (Optimizer, Transform, chain, lookahead, project_low_rank, route, scale_by_apollo,
-                      scale_by_learning_rate, scale_by_schedule_free, skip_nonfinite, trace)
+from gradwise import (
+    Optimizer,
+    Transform,
+    chain,
+    lookahead,
+    project_low_rank,
+    route,
+    scale_by_apollo,
+    scale_by_learning_rate,
+    scale_by_schedule_free,
+    skip_nonfinite,
+    trace,
+)
 from gradwise.core.transform import uses
 from gradwise.transforms.adam import scale_by_adam_moments
 
