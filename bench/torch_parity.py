@@ -2,9 +2,10 @@
 """How far float32 runs stay from torch.optim's own for-loop implementation, beside torch's foreach and fused.
 
 Each optimizer takes the same float32 weights (0.01 * randn) and the same gradients (randn, a new draw
-each step) for ``--steps`` steps at ``--lr``; the table shows max |p - p_loop| / max |p_loop|, p_loop torch's for-loop,
-for gradwise (eager, and compiled with ``--compiled``), weight decay 0.01 everywhere, and for torch's foreach and fused variants, so
-gradwise's rounding error can be read against the spread torch itself has between its implementations.
+each step) for ``--steps`` steps at ``--lr``, with weight decay 0.01. The table shows
+max |p - p_loop| / max |p_loop|, p_loop being torch's for-loop result, for gradwise (eager, and compiled
+with ``--compiled``) and for torch's foreach and fused variants, so that gradwise's rounding error can be
+read against the spread torch itself has between its implementations.
 Runs in a few seconds (about a minute with ``--compiled``).
 """
 from __future__ import annotations
