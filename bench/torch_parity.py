@@ -46,7 +46,7 @@ def trajectory(make, steps: int, numel: int) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/torch_parity.py", description=__doc__.split("\n\n")[0] + ".",
+    parser = argparse.ArgumentParser(prog="bench/torch_parity.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=1e-2, help="learning rate of every optimizer")
