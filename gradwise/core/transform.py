@@ -2,9 +2,10 @@
 
 A transform declares the per-parameter state buffers it keeps (``state``) and the param-group
 hyperparameters it reads (``hyper``). Its ``update`` is written once, in plain PyTorch over lists of
-tensors; the executor runs it eagerly over a whole bucket (the reference path) or compiles it with
-``torch.compile`` into one fused pass per parameter. ``chain(a, b, c)`` is itself a transform whose
-links keep their state under namespaced keys (``"adam.exp_avg"``), so two momenta never collide.
+tensors; the engine runs it eagerly (the reference path: in cache-sized pieces when it is elementwise,
+on whole tensors when not, ``core/eager.py``) or compiles it with ``torch.compile`` into one fused pass
+per parameter. ``chain(a, b, c)`` is itself a transform whose links keep their state under namespaced
+keys (``"adam.exp_avg"``), so two momenta never collide.
 
 The optional hooks (``HOOKS``: ``seed``, ``advance``, ``set_mode``, ``skip_step``, ``split_group``) are
 declared, in ``Transform.hooks``: a class that defines one in its body declares it. A composite

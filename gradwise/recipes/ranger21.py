@@ -1,4 +1,5 @@
-"""Ranger21 (Wright & Demeure, 2021, arXiv:2106.13731): AdamW and eight components in one chain."""
+"""Ranger21 (Wright & Demeure, 2021, arXiv:2106.13731): AdamW and eight components, as a whole-tensor
+prologue (``ranger21_prologue``) followed by an elementwise chain."""
 from __future__ import annotations
 
 import math
