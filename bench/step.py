@@ -1,14 +1,277 @@
 #!/usr/bin/env python
-"""Optimizer step benchmark: ``python bench/step.py --size 124m`` (same as ``gradwise bench step``).
+"""The optimizer step benchmark (``gradwise bench step``, or ``python bench/step.py``): median step time of each
+recipe on a GPT-2-shaped parameter set; its rows and options are ``gradwise.cli_bench``'s.
 
-The logic lives in ``gradwise/bench_step.py``; ``--help`` lists the options.
+Every row is measured against torch.optim.AdamW(fused=True) and AdamW(foreach=True) in the same
+process, interleaved: the row's optimizer and the two torch optimizers step in turn, round after round
+(the order rotating), so a noisy machine slows all three alike and each ratio compares one time window.
+The two torch optimizers live through the whole run; each recipe's optimizer and its parameters are
+freed before the next (at 124M parameters: about 4 GB for torch's two, 2 GB per recipe).
+Gradients are random and fixed: set once and reused every step. The first (warm-up) step of a compiled
+optimizer includes compilation; its seconds come from ``optimizer.compile_stats`` and are reported
+separately, and timed steps that compiled again are dropped from the median and counted.
+
+The memory-bandwidth bound of a step is ``bytes moved per parameter * parameters / copy bandwidth``,
+the bandwidth measured in the same run as (bytes read + bytes written) / time of ``dst.copy_(src)``.
 """
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-from gradwise.bench_step import main  # noqa: E402
+from gradwise.cli_bench import RECIPES, STEP_DESCRIPTION, WARMUP, add_step_arguments
+from gradwise.shapes import SIZES, gpt2_shapes
 
-if __name__ == "__main__":
+#: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
+REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
+COPY_MB = 512  # source and destination are 512 MiB each: larger than the caches of the machines we use
+
+
+def count_label(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+# ------------------------------------------------------------------------------ measuring
+def _ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def bandwidth(op: str = "copy", repeats: int = 7, megabytes: int = COPY_MB) -> list[float]:
+    """(bytes read + bytes written) / seconds of ``dst.copy_(src)`` (``op="copy"``: 2 x size) or of
+    ``dst.add_(src)`` (``op="add"``: 3 x size), once per repeat, in bytes/s. A copy's destination is
+    written without being read, which costs most CPUs a read too (write-allocate) that is not counted;
+    the in-place add, which reads what it writes like an optimizer step, is reported for comparison."""
+    import torch
+
+    src = torch.ones(megabytes << 18)
+    dst = torch.zeros_like(src)
+    run, moved = (dst.copy_, 2) if op == "copy" else (dst.add_, 3)
+    run(src)  # fault the pages in
+    return [moved * src.nbytes / (_ms(lambda: run(src)) / 1e3) for _ in range(repeats)]
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of every tensor in ``optimizer.state``, the 0-d 'step' counters included."""
+    import torch
+
+    return sum(v.nbytes for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+
+
+class Bench:
+    """A fixed parameter set (values and gradients) and the two torch reference optimizers."""
+
+    def __init__(self, size: str, seed: int = 0):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        self.shapes = gpt2_shapes(*SIZES[size])
+        self.values = [torch.randn(s, generator=generator) * 0.02 for _, s in self.shapes]
+        self.grads = [torch.randn(s, generator=generator) * 1e-3 for _, s in self.shapes]
+        self.numel = sum(v.numel() for v in self.values)
+        self.refs = {name: self.build(torch.optim.AdamW, RECIPES["AdamW"][1], kw) for name, kw in REFERENCES.items()}
+        for opt in self.refs.values():
+            for _ in range(WARMUP):
+                opt.step()
+        self.ref_times: dict[str, list[float]] = {name: [] for name in self.refs}
+
+    def build(self, cls, hyper: dict, extra: dict):
+        import torch
+
+        params = []
+        for value, grad in zip(self.values, self.grads):
+            p = torch.nn.Parameter(value.clone())
+            p.grad = grad  # shared by every optimizer: nothing writes to gradients
+            params.append(p)
+        return cls(params, **hyper, **extra)
+
+    def rounds(self, opt, steps: int) -> tuple[list[float], dict[str, list[float]], int]:
+        """Step ``opt`` and the references in turn; ``opt``'s times (steps that compiled dropped), the
+        references' times in this window, and how many timed steps compiled."""
+        contenders = [("row", opt)] + list(self.refs.items()) if opt is not None else list(self.refs.items())
+        times, compiled, window = [], [], {name: [] for name in self.refs}
+        for r in range(steps):
+            for name, o in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+                before = o.compile_stats["compiles"] if name == "row" else 0
+                t = _ms(o.step)
+                if name != "row":
+                    window[name].append(t)
+                else:
+                    (compiled if o.compile_stats["compiles"] != before else times).append(t)
+        for name, ts in window.items():
+            self.ref_times[name] += ts
+        return times or compiled, window, len(compiled)  # every step compiling: keep them all (and say so)
+
+
+def _row(recipe, path, times, window, bench, moved, bandwidth, nbytes, **extra) -> dict:
+    median = statistics.median(times) if times else float("nan")
+    bound = moved * bench.numel / bandwidth * 1e3
+    row = {"recipe": recipe, "path": path, "median_ms": median, "min_ms": min(times, default=float("nan")),
+           "max_ms": max(times, default=float("nan")), "times_ms": times}
+    row.update(extra)
+    for name, ts in window.items():
+        row[f"{name}_ms"] = statistics.median(ts)
+        row[f"vs_{name}"] = median / statistics.median(ts)
+    row.update({"state_bytes": nbytes, "state_bytes_per_param": nbytes / bench.numel,
+                "bytes_moved_per_param": moved, "bound_ms": bound, "vs_bound": median / bound})
+    return row
+
+
+def measure(args, log=lambda message: None) -> dict:
+    """Run the benchmark described by parsed ``args``; return ``{"header": ..., "rows": [...]}``."""
+    import torch
+
+    import gradwise
+
+    torch.set_num_threads(args.threads)
+    header = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
+              "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg()), "size": args.size,
+              "steps": args.steps, "warmup": WARMUP,
+              "inductor_cache": "warm (the usual cache dir)" if args.warm_cache else "fresh (cold compiles)"}
+    log(f"copy bandwidth ({COPY_MB} MiB buffers)")
+    bandwidths, adds = bandwidth("copy"), bandwidth("add")
+    log(f"parameters and torch references for {args.size}")
+    bench = Bench(args.size)
+    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes)})
+    jobs = [(r, p) for r in args.recipes for p in args.paths]
+    measured = []
+    with _inductor_cache(args.warm_cache):
+        for i, (recipe, path) in enumerate(jobs, 1):
+            log(f"[{i}/{len(jobs)}] {recipe} {path}")
+            cls_name, hyper, moved = RECIPES[recipe]
+            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": path == "compiled"})
+            warmup_ms = [_ms(opt.step) for _ in range(WARMUP)]
+            times, window, recompiled = bench.rounds(opt, args.steps)
+            stats = opt.compile_stats
+            measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
+                warmup_ms=warmup_ms, compile_s=stats["seconds"], compiles=stats["compiles"],
+                timed_compiles=recompiled, hyperparameters=hyper)))
+            del opt
+            gc.collect()
+    if not jobs:
+        bench.rounds(None, args.steps)
+    log("copy bandwidth again")
+    bandwidths, adds = bandwidths + bandwidth("copy"), adds + bandwidth("add")
+    copy_bw = statistics.median(bandwidths)
+    header.update({"copy_bandwidth_gbs": copy_bw / 1e9, "copy_bandwidth_gbs_samples": [b / 1e9 for b in bandwidths],
+                   "add_bandwidth_gbs": statistics.median(adds) / 1e9, "loadavg_end": list(os.getloadavg())})
+    rows = [_row(r, p, t, w, bench, m, copy_bw, b, **x) for r, p, t, w, m, b, x in measured]
+    for name, opt in bench.refs.items():
+        times = bench.ref_times[name]
+        pooled = {n: bench.ref_times[n] for n in bench.refs}
+        rows.append(_row("torch AdamW", name, times, pooled, bench, 28, copy_bw, state_bytes(opt),
+                         warmup_ms=[], compile_s=0.0, compiles=0, timed_compiles=0,
+                         hyperparameters={**RECIPES["AdamW"][1], **REFERENCES[name]}))
+    return {"header": header, "rows": rows}
+
+
+@contextlib.contextmanager
+def _inductor_cache(warm: bool):
+    """Unless ``warm``, compile into a fresh, empty inductor cache (removed afterwards), so the compile
+    seconds are those of a cold compile. The variable is read when inductor first needs its cache."""
+    if warm:
+        yield
+        return
+    previous, directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), tempfile.mkdtemp(prefix="gradwise-bench-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ------------------------------------------------------------------------------ printing
+def render(result: dict, out) -> None:
+    from rich.table import Table
+
+    h = result["header"]
+    info = Table.grid(padding=(0, 2))
+    for key, value in (
+        ("torch", f"{h['torch']} (python {h['python']})"), ("cpu", h["cpu"]), ("threads", h["threads"]),
+        ("load average", f"{_load(h['loadavg_start'])} at start, {_load(h['loadavg_end'])} at end"),
+        ("parameters", f"{h['params']:,} ({h['params_label']}, preset {h['size']!r}) in {h['tensors']} tensors, fp32"),
+        ("copy bandwidth", f"{h['copy_bandwidth_gbs']:.2f} GB/s (read + write, median of "
+                           f"{len(h['copy_bandwidth_gbs_samples'])} copies of {COPY_MB} MiB); in-place add "
+                           f"{h['add_bandwidth_gbs']:.2f} GB/s (read 2 + write 1)"),
+        ("compiles", f"inductor cache {h['inductor_cache']}"),
+        ("timing", f"median of {h['steps']} steps after {h['warmup']} warm-up steps, interleaved with torch's rows"),
+    ):
+        info.add_row(f"[bold]{key}[/]", str(value))
+    out.print(info)
+    table = Table(title=f"optimizer step, GPT-2-shaped {h['params_label']} parameters")
+    for column in ("recipe", "path", "median ms", "min-max ms", "compile s", "x fused", "x foreach",
+                   "state B/param", "bound ms", "x bound"):
+        table.add_column(column, justify="left" if column in ("recipe", "path") else "right")
+    for r in result["rows"]:
+        compile_s = f"{r['compile_s']:.1f} ({r['compiles']})" if r["compiles"] else "-"
+        if r["timed_compiles"]:
+            compile_s += f" [red]+{r['timed_compiles']} timed[/]"
+        table.add_row(r["recipe"], r["path"], f"{r['median_ms']:.2f}", f"{r['min_ms']:.1f}-{r['max_ms']:.1f}",
+                      compile_s, f"{r['vs_fused']:.2f}", f"{r['vs_foreach']:.2f}",
+                      f"{r['state_bytes_per_param']:.4f}", f"{r['bound_ms']:.2f}", f"{r['vs_bound']:.2f}")
+    out.print(table)
+    out.print("compile s: seconds (graphs) from compile_stats, spent in the warm-up steps and excluded from the "
+              "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: "
+              "row median over torch's median in the same interleaved rounds. "
+              "state B/param: every tensor in optimizer.state, the 0-d 'step' counters included, over the "
+              "parameter count. bound: bytes moved per parameter (28 AdamW family, 20 Lion and SGD with "
+              "momentum, 12 plain SGD) x parameters / copy bandwidth.")
+
+
+def _load(values) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+def run(args) -> int:
+    from gradwise._extras import require
+
+    require("gradwise bench step", "cli")
+    from gradwise.console import console
+
+    err = console(stderr=True)
+    result = measure(args, log=lambda message: err.log(message))
+    render(result, console())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gradwise.help_format import HelpFormatter
+
+    parser = add_step_arguments(argparse.ArgumentParser(prog="bench/step.py", description=STEP_DESCRIPTION,
+                                                        formatter_class=HelpFormatter))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

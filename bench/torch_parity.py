@@ -14,12 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-import torch  # noqa: E402
+import torch
 
-import gradwise  # noqa: E402
-from gradwise.help_format import HelpFormatter  # noqa: E402
+import gradwise
+from gradwise.help_format import HelpFormatter
 
 #: name: (torch class, gradwise class, keywords both take, torch variants beside the for-loop); every
 #: optimizer decays weights by 0.01, so both sides take the same value whatever their defaults

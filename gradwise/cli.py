@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from gradwise.help_format import HelpFormatter
+from gradwise.shapes import SIZES
 
 #: the parameter dtypes ``gradwise estimate --param-dtype`` takes.
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -32,7 +33,7 @@ def _state_format(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from gradwise import __version__, bench_step  # argument definitions only: no torch at import time
+    from gradwise import __version__, cli_bench  # argument definitions only: no torch at import time
     from gradwise.arena import cli as arena_cli  # argument definitions only
 
     parser = argparse.ArgumentParser(prog="gradwise", description="Composable, memory-lean optimizers for PyTorch.",
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                                    " allocation", description="Bytes of optimizer state per format (codec or dtype),"
                                    " per parameter group and in total, computed on meta tensors.",
                                    formatter_class=HelpFormatter)
-    estimate.add_argument("--size", choices=tuple(bench_step.SIZES), default="124m", help="GPT-2 parameter set")
+    estimate.add_argument("--size", choices=tuple(SIZES), default="124m", help="GPT-2 parameter set")
     estimate.add_argument("--recipe", default="AdamW", help="a gradwise recipe name, any case (gradwise list)")
     estimate.add_argument("--state", default="fp32", type=_state_format,
                           help="state format: fp32, bf16, int8, int4, or a tag such as int8-b256")
@@ -58,9 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                           " (e.g. 'wte|wpe')")
     bench = commands.add_parser("bench", help="benchmarks", formatter_class=HelpFormatter)
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}", help="the benchmark")
-    bench_step.add_arguments(benchmarks.add_parser(
-        "step", help="optimizer step time against torch's fused and foreach AdamW",
-        description=bench_step.__doc__.split("\n\n")[0], formatter_class=HelpFormatter))
+    cli_bench.add_step_arguments(benchmarks.add_parser(
+        "step", help="optimizer step time against torch's fused and foreach AdamW (bench/step.py of a clone)",
+        description=cli_bench.STEP_DESCRIPTION, formatter_class=HelpFormatter))
     arena = commands.add_parser("arena", help="AlgoPerf-style time-to-result for training algorithms (needs"
                                 " gradwise[arena])", formatter_class=HelpFormatter)
     arena_cli.add_arguments(arena)
@@ -78,8 +79,8 @@ def recipe_table() -> list[dict[str, str]]:
     import torch
 
     import gradwise
-    from gradwise.bench_step import RECIPES
     from gradwise.by_name import recipe_names
+    from gradwise.cli_bench import RECIPES
 
     rows = []
     for name in recipe_names():
@@ -123,7 +124,7 @@ def _list() -> int:
     require("gradwise list", "cli")
     from rich.table import Table
 
-    from gradwise.bench_report import console
+    from gradwise.console import console
 
     table = Table(title="gradwise recipes (state after one step, built with the hyperparameters shown)")
     for column in ("name", "chain", "state buffers", "hyperparameters"):
@@ -140,8 +141,8 @@ def _estimate(args) -> int:
     import torch
 
     import gradwise
-    from gradwise.bench_step import SIZES, gpt2_shapes
     from gradwise.by_name import canonical_name, recipe_names
+    from gradwise.shapes import gpt2_shapes
 
     dtype = getattr(torch, PARAM_DTYPES[args.param_dtype])
     params = [(name, torch.empty(shape, device="meta", dtype=dtype)) for name, shape in gpt2_shapes(*SIZES[args.size])]
@@ -181,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return _estimate(args)
     if args.benchmark is None:
         args.bench_parser.error("missing benchmark: choose from 'step'")
-    from gradwise import bench_step
+    from gradwise import cli_bench
 
-    return bench_step.run(args)
+    return cli_bench.run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

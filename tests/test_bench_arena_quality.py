@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gradwise import bench_arena_quality
+from bench import _memory_arena_quality as bench_arena_quality
 
 
 def test_each_format_trains_the_workload_and_is_compared_with_fp32():

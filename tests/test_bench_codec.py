@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gradwise import bench_codec
+from bench import codec as bench_codec
 
 ROOT = Path(__file__).resolve().parents[1]
 

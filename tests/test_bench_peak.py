@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gradwise.bench_peak import CONFIGS, measure, small_transformer
+from bench._memory_peak import CONFIGS, measure, small_transformer
 
 TINY = dict(vocab=64, context=16, width=32, blocks=1, heads=2)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.bench_convergence import LR_GRID, problem, steps_to_target
+from bench.convergence import LR_GRID, problem, steps_to_target
 
 TARGET = 1e-6  # loss <= 1e-6 x initial loss
 SPEEDUP = 4  # AdamW may not reach the target within 4x the steps Shampoo or SOAP needed

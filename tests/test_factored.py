@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.bench_step import state_bytes
+from bench.step import state_bytes
 
 
 def _model():
@@ -154,7 +154,7 @@ def test_cli_estimates_the_recipes(capsys):
 
 
 def test_memory_bench_rows(capsys):
-    from gradwise.bench_memory import main
+    from bench.memory import main
 
     assert main(["--bytes", "--size", "tiny", "--measure", "--formats", ""]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}

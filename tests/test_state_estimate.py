@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.bench_step import state_bytes
+from bench.step import state_bytes
 from gradwise.cli import main
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.bench_recipe_quality import held_out_loss
+from bench._memory_recipe_quality import held_out_loss
 from gradwise.state import StatePolicy
 from tests.registry import CASES, RECIPES, build
 

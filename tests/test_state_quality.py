@@ -1,5 +1,5 @@
 """Training with smaller state loses no more than allowed: mean final loss over 6 seeds on an MLP whose
-inputs carry large outlier features (``gradwise.bench_memory``; the full-size figures come from
+inputs carry large outlier features (``bench.memory.final_loss``; the full-size figures come from
 ``python bench/memory.py``).
 
 Six seeds, not three: one seed's loss moves by up to 4% when float rounding anywhere in the step changes
@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from gradwise.bench_memory import final_loss
+from bench.memory import final_loss
 
 SEEDS, STEPS, HIDDEN = (0, 1, 2, 3, 4, 5), 250, 128
 #: mean final loss relative to float32 state: issue 3's bounds for bf16 and int8; int4's goal was 1.05

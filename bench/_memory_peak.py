@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 #: name: (optimizer, keyword arguments, update inside backward)
 CONFIGS = {
@@ -31,6 +32,8 @@ CONFIGS = {
 #: the transformer: vocabulary, context, width, blocks, heads; and the batch (sequences x tokens).
 MODEL = dict(vocab=4096, context=64, width=384, blocks=4, heads=6)
 BATCH = (4, 64)
+#: each configuration runs as ``python -m bench._memory_peak NAME`` from the repository's root
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_transformer(vocab: int, context: int, width: int, blocks: int, heads: int):
@@ -105,7 +108,7 @@ def run_all(log=print) -> list[dict]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     for name in CONFIGS:
         log(f"peak memory: {name}")
-        out = subprocess.run([sys.executable, "-m", "gradwise.bench_peak", name], env=env, check=True,
+        out = subprocess.run([sys.executable, "-m", "bench._memory_peak", name], cwd=ROOT, env=env, check=True,
                              capture_output=True, text=True).stdout
         rows.append({"config": name, **json.loads(out.strip().splitlines()[-1])})
     base = rows[0]

@@ -1,0 +1,25 @@
+"""GPT-2-shaped parameter sets: the names and shapes ``gradwise estimate`` and the benchmarks build on."""
+from __future__ import annotations
+
+#: GPT-2 shapes: vocab, context, width, blocks. "25m" is named for its blocks; its real count is printed.
+SIZES = {
+    "tiny": (1000, 64, 64, 2),
+    "25m": (50257, 1024, 384, 6),
+    "124m": (50257, 1024, 768, 12),
+}
+
+
+def gpt2_shapes(vocab: int, context: int, width: int, blocks: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The parameter names and shapes of a GPT-2 model (lm_head tied to wte, as in GPT-2)."""
+    out = [("wte", (vocab, width)), ("wpe", (context, width))]
+    for i in range(blocks):
+        for name, shape in (
+            ("ln_1.weight", (width,)), ("ln_1.bias", (width,)),
+            ("attn.c_attn.weight", (width, 3 * width)), ("attn.c_attn.bias", (3 * width,)),
+            ("attn.c_proj.weight", (width, width)), ("attn.c_proj.bias", (width,)),
+            ("ln_2.weight", (width,)), ("ln_2.bias", (width,)),
+            ("mlp.c_fc.weight", (width, 4 * width)), ("mlp.c_fc.bias", (4 * width,)),
+            ("mlp.c_proj.weight", (4 * width, width)), ("mlp.c_proj.bias", (width,)),
+        ):
+            out.append((f"h.{i}.{name}", shape))
+    return out + [("ln_f.weight", (width,)), ("ln_f.bias", (width,))]
