@@ -1,10 +1,12 @@
 """CI's install job: what a newcomer installs, checked in fresh virtual environments.
 
 1. A bare install (``pip install torch==2.13.0``, then ``pip install .``, nothing else): ``import gradwise``,
-   one step of every recipe, ``gradwise --help`` and ``--version``, and every command that needs an extra
-   naming it instead of failing with ``ModuleNotFoundError``.
+   one step of every recipe, ``gradwise --help`` and ``--version``, every command that needs an extra
+   naming it instead of failing with ``ModuleNotFoundError``, no benchmark installed (they are the clone's
+   ``bench/`` scripts) and ``gradwise bench`` saying where they are.
 2. The README's Install section, its commands read from README.md so they cannot drift: the ``pip install``
-   lines with ``gradwise`` read as this checkout, then the from-a-clone block as one bash script.
+   lines with ``gradwise`` read as this checkout, then the from-a-clone block as one bash script, after which
+   the clone's ``gradwise bench step`` runs its ``bench/step.py``.
 
 Run by ``.ci/run`` with the test environment's pytest (``python -m pytest -q .ci/test_install.py``); a few
 minutes, most of it installing torch twice from the local wheel (torch==2.13.0: anything else downloads).
@@ -92,7 +94,6 @@ def test_bare_cli_help_version_and_estimate(bare):
 
 @pytest.mark.parametrize("argv, command, extra", [
     (["list"], "gradwise list", "cli"),
-    (["bench", "step", "--size", "tiny"], "gradwise bench step", "cli"),
     (["arena", "list"], "gradwise arena list", "arena"),
     (["arena", "run", "--suite", "quick"], "gradwise arena run", "arena"),
     (["arena", "report"], "gradwise arena report", "arena"),
@@ -101,6 +102,26 @@ def test_bare_commands_name_their_extra(bare, argv, command, extra):
     proc = _run([str(bare.bin / "gradwise"), *argv], cwd=bare.work)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"{command} needs " in proc.stderr and f"pip install 'gradwise[{extra}]'" in proc.stderr, proc.stderr
+
+
+NO_BENCHMARK = """
+import importlib.metadata, importlib.util
+files = [str(f) for f in importlib.metadata.files("gradwise")]
+assert not [f for f in files if f.startswith("bench/") or f.startswith("gradwise/bench")], files
+assert importlib.util.find_spec("bench") is None
+print(len(files), "files installed")
+"""
+
+
+def test_bare_install_holds_no_benchmark(bare):
+    assert int(_ok([str(bare.bin / "python"), "-c", NO_BENCHMARK], cwd=bare.work).stdout.split()[0]) > 50
+
+
+def test_bare_bench_says_where_the_benchmarks_are(bare):
+    proc = _run([str(bare.bin / "gradwise"), "bench", "step", "--size", "tiny"], cwd=bare.work)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "the benchmarks are scripts in gradwise's source repository" in proc.stderr, proc.stderr
+    assert re.search(r"looked for \S*site-packages/bench/step\.py", proc.stderr), proc.stderr
 
 
 def test_readme_pip_lines_install_the_extras(bare):
@@ -127,5 +148,8 @@ def test_readme_clone_block_runs_as_written(bare, tmp_path):
         proc = _ok(["bash", "-e", "-c", script], cwd=tmp_path, env=env)
         assert f"gradwise {VERSION}" in proc.stdout and "digits_cnn" in proc.stdout and "AdamW" in proc.stdout
         assert (tmp_path / "gradwise" / ".venv" / "bin" / "gradwise").exists()
+        bench = _ok([str(tmp_path / "gradwise" / ".venv" / "bin" / "gradwise"), "bench", "step", "--size", "tiny",
+                     "--steps", "1", "--recipes", "AdamW", "--paths", "eager"], cwd=tmp_path, env=env)
+        assert "x fused" in bench.stdout and "torch AdamW" in bench.stdout, bench.stdout[-2000:]
     finally:
         shutil.rmtree(tmp_path / "gradwise", ignore_errors=True)  # its venv holds torch
