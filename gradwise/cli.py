@@ -1,7 +1,7 @@
 """The ``gradwise`` command line.
 
     gradwise list                      every recipe: chain, state buffers, the hyperparameters it was built with
-    gradwise bench step [--size ...]   optimizer step benchmark (see ``gradwise bench step --help``)
+    gradwise bench step [--size ...]   optimizer step benchmark: a clone's bench/step.py (``--help`` lists its options)
     gradwise arena run|score|report|set-targets|list   the AlgoPerf-style arena (``gradwise arena --help``)
     gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation
 
