@@ -76,7 +76,7 @@ class scale_by_adam_mini(Transform):  # noqa: N801 - transforms are named like f
             blocks = self.rule(name, p)
             label = f"parameter {name!r}" if name else f"params[{j}]"
             BLOCKS_CHECK(f"blocks for {label}", blocks)
-            if isinstance(blocks, int) and p.numel() % blocks:
+            if not isinstance(blocks, str) and p.numel() % blocks:
                 raise ValueError(f"invalid blocks={blocks} for {label} of shape {tuple(p.shape)}: its {p.numel()}"
                                  " elements do not divide into blocks of that size (check dim and n_heads)")
             decays = not (name is not None and self.no_decay is not None and self.no_decay(name))
