@@ -53,8 +53,8 @@ class Check:
     """A check of one value: ``check(name, value)`` raises ``error`` with the message
     ``invalid NAME=VALUE: expected <expected>`` unless ``accepts(value)``, and returns ``value``, so a
     caller can check a value and use it in one expression. The checks are frozen dataclasses: equal
-    when they allow the same values (``chain`` and ``route`` compare declarations), and picklable with
-    an optimizer."""
+    when their fields are (``chain`` and ``route`` compare declarations), and picklable with an
+    optimizer."""
 
     error: type[Exception] = ValueError
 
