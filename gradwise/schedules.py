@@ -25,28 +25,15 @@ Closed forms (``n`` a segment's length, ``t`` in ``[0, n]``):
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import torch
 
+from gradwise.core.hyper import closed_unit_interval, int_in, number_in, positive_int, unit_interval
 
-def _length(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 0 (a number of steps)")
-    return int(value)
-
-
-def _factor(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"invalid {name}={value!r}: expected a finite number >= 0 (a multiple of the learning rate)")
-    return float(value)
-
-
-def _fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"invalid {name}={value!r}: expected a number in [0, 1]")
-    return float(value)
+#: what the schedules' arguments are: a number of steps, and a multiple of the learning rate
+STEPS = int_in(0, note="a number of steps")
+FACTOR = number_in(0, note="a multiple of the learning rate")
 
 
 class Schedule:
@@ -55,7 +42,7 @@ class Schedule:
     length: int = 0
 
     def __call__(self, t: int) -> float:
-        t = _length("t", t)
+        t = int(STEPS("t", t))
         return self._at(min(t, self.length))
 
     def _at(self, t: int) -> float:
@@ -96,8 +83,8 @@ class warmup(Schedule):  # noqa: N801 - schedules are named like functions
     """Linear warmup from ``start`` to 1 over ``steps`` steps: ``f(t) = start + (1 - start) t / steps``."""
 
     def __init__(self, steps: int, start: float = 0.0):
-        self.length = _length("steps", steps)
-        self.start = _factor("start", start)
+        self.length = int(STEPS("steps", steps))
+        self.start = float(FACTOR("start", start))
 
     def _at(self, t: int) -> float:
         return 1.0 if t >= self.length else self.start + (1.0 - self.start) * t / self.length
@@ -110,8 +97,8 @@ class constant(Schedule):  # noqa: N801
     """``f(t) = value`` for ``steps`` steps."""
 
     def __init__(self, steps: int, value: float = 1.0):
-        self.length = _length("steps", steps)
-        self.value = _factor("value", value)
+        self.length = int(STEPS("steps", steps))
+        self.value = float(FACTOR("value", value))
 
     def _at(self, t: int) -> float:
         return self.value
@@ -124,8 +111,8 @@ class cosine(Schedule):  # noqa: N801
     """Cosine decay from 1 to ``final`` over ``steps``: ``final + (1 - final)(1 + cos(pi t / steps)) / 2``."""
 
     def __init__(self, steps: int, final: float = 0.0):
-        self.length = _length("steps", steps)
-        self.final = _factor("final", final)
+        self.length = int(STEPS("steps", steps))
+        self.final = float(FACTOR("final", final))
 
     def _at(self, t: int) -> float:
         if t >= self.length:
@@ -140,8 +127,8 @@ class linear_decay(Schedule):  # noqa: N801
     """Linear decay from 1 to ``final`` (default 0) over ``steps``: ``1 - (1 - final) t / steps``."""
 
     def __init__(self, steps: int, final: float = 0.0):
-        self.length = _length("steps", steps)
-        self.final = _factor("final", final)
+        self.length = int(STEPS("steps", steps))
+        self.final = float(FACTOR("final", final))
 
     def _at(self, t: int) -> float:
         return self.final if t >= self.length else 1.0 - (1.0 - self.final) * t / self.length
@@ -159,8 +146,8 @@ def _check_budget(total: int, **parts: int) -> None:
 
 def warmup_stable_decay(total_steps: int, warmup_steps: int, decay_steps: int, final: float = 0.0) -> Schedule:
     """Warmup-stable-decay: ``warmup(warmup_steps) + constant(...) + linear_decay(decay_steps, final)``."""
-    total, w, d = _length("total_steps", total_steps), _length("warmup_steps", warmup_steps), \
-        _length("decay_steps", decay_steps)
+    total, w, d = int(STEPS("total_steps", total_steps)), int(STEPS("warmup_steps", warmup_steps)), \
+        int(STEPS("decay_steps", decay_steps))
     _check_budget(total, warmup_steps=w, decay_steps=d)
     return warmup(w) + constant(total - w - d) + linear_decay(d, final)
 
@@ -168,18 +155,16 @@ def warmup_stable_decay(total_steps: int, warmup_steps: int, decay_steps: int, f
 def explore_exploit(total_steps: int, warmup_steps: int, warmdown_fraction: float = 0.72,
                     final: float = 0.0) -> Schedule:
     """Warmup, a constant explore phase, then linear warm-down over ``int(warmdown_fraction * total)``."""
-    total, w = _length("total_steps", total_steps), _length("warmup_steps", warmup_steps)
-    d = int(_fraction("warmdown_fraction", warmdown_fraction) * total)
+    total, w = int(STEPS("total_steps", total_steps)), int(STEPS("warmup_steps", warmup_steps))
+    d = int(float(closed_unit_interval("warmdown_fraction", warmdown_fraction)) * total)
     _check_budget(total, warmup_steps=w, warmdown_steps=d)
     return warmup(w) + constant(total - w - d) + linear_decay(d, final)
 
 
 def algoperf_baseline(step_hint: int, warmup_fraction: float = 0.05) -> Schedule:
     """AlgoPerf's baseline: ``LinearLR(start_factor=1e-10)`` warmup then cosine over the rest of ``step_hint``."""
-    hint = _length("step_hint", step_hint)
-    if hint < 1:
-        raise ValueError(f"invalid step_hint={step_hint!r}: expected an integer >= 1")
-    w = int(_fraction("warmup_fraction", warmup_fraction) * hint)
+    hint = int(positive_int("step_hint", step_hint))
+    w = int(float(closed_unit_interval("warmup_fraction", warmup_fraction)) * hint)
     return warmup(w, start=1e-10) + cosine(max(hint - w, 1))
 
 
@@ -187,13 +172,12 @@ def auto_warmup_steps(beta2: float, total_steps: int, fallback_fraction: float =
     """Ma & Yarats (2021, "On the adequacy of untuned warmup for adaptive optimization"): warm Adam
     up for ``ceil(2 / (1 - beta2))`` steps; as Ranger21, ``int(fallback_fraction * total_steps)`` when
     that is more than 45% of the budget."""
-    if isinstance(beta2, bool) or not isinstance(beta2, numbers.Real) or not 0.0 <= beta2 < 1.0:
-        raise ValueError(f"invalid beta2={beta2!r}: expected a number in [0, 1)")
-    total = _length("total_steps", total_steps)
-    if total < 1:
-        raise ValueError(f"invalid total_steps={total_steps!r}: expected an integer >= 1")
+    beta2 = float(unit_interval("beta2", beta2))
+    total = int(positive_int("total_steps", total_steps))
     steps = math.ceil(2.0 / (1.0 - beta2))
-    return int(_fraction("fallback_fraction", fallback_fraction) * total) if steps / total > 0.45 else steps
+    if steps / total <= 0.45:
+        return steps
+    return int(float(closed_unit_interval("fallback_fraction", fallback_fraction)) * total)
 
 
 def chebyshev_steps(count: int, low: float = 0.1, high: float = 1.0) -> list[float]:
@@ -202,7 +186,7 @@ def chebyshev_steps(count: int, low: float = 0.1, high: float = 1.0) -> list[flo
     C = (high + low) / 2, R = (high - low) / 2 (from 1 / high up to nearly 1 / low), in the fractal
     order sigma: sigma_1 = (0), sigma_2m = interleave(sigma_m, 2m - 1 - sigma_m). ``count`` must be a
     power of two, as the order is defined for those (Ranger21's code fails on other counts)."""
-    count = _length("count", count)
+    count = int(STEPS("count", count))
     if count < 1 or count & (count - 1):
         raise ValueError(f"invalid count={count!r}: the fractal Chebyshev order needs a power of two >= 1")
     centre, radius = (high + low) / 2, (high - low) / 2
@@ -227,14 +211,14 @@ class ranger21_schedule(Schedule):  # noqa: N801
 
     def __init__(self, total_steps: int, warmup_steps: int, warmdown_steps: int, min_factor: float,
                  cheb: list[float] | None = None, epoch_steps: int = 1):
-        self.length = _length("total_steps", total_steps)
-        self.warmup_steps = _length("warmup_steps", warmup_steps)
-        self.warmdown_steps = _length("warmdown_steps", warmdown_steps)
-        self.min_factor = _factor("min_factor", min_factor)
+        self.length = int(STEPS("total_steps", total_steps))
+        self.warmup_steps = int(STEPS("warmup_steps", warmup_steps))
+        self.warmdown_steps = int(STEPS("warmdown_steps", warmdown_steps))
+        self.min_factor = float(FACTOR("min_factor", min_factor))
         _check_budget(self.length, warmup_steps=self.warmup_steps)  # the warm-down may overlap the warmup
         _check_budget(self.length, warmdown_steps=self.warmdown_steps)
-        self.cheb = [_factor("cheb", c) for c in cheb] if cheb is not None else None
-        self.epoch_steps = _length("epoch_steps", epoch_steps)
+        self.cheb = [float(FACTOR("cheb", c)) for c in cheb] if cheb is not None else None
+        self.epoch_steps = int(STEPS("epoch_steps", epoch_steps))
         if self.cheb is not None and (not self.cheb or self.epoch_steps < 1):
             raise ValueError(f"invalid cheb={cheb!r}, epoch_steps={epoch_steps!r}: expected factors and epochs >= 1")
 

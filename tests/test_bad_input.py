@@ -2,14 +2,27 @@
 argument, the value it got and what is allowed; a step that fails changes no parameter and no state."""
 from __future__ import annotations
 
+import pickle
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
 import gradwise
+from gradwise.core.hyper import (
+    boolean,
+    choice,
+    either,
+    int_in,
+    number_in,
+    optional,
+    positive_int,
+    sequence_of,
+    unit_interval,
+)
 from tests.registry import RECIPES, build
 
 ADAM_LIKE = [gradwise.Adam, gradwise.AdamW, gradwise.NAdamW]
@@ -48,9 +61,39 @@ def test_bad_lr(recipe, lr, shown):
         build(recipe, _params(), lr=lr)
 
 
-def test_bad_lr_as_numpy_scalar_or_tensor():
-    import numpy as np
+@pytest.mark.parametrize("check, value, error, message", [
+    (int_in(1, 99), 100, ValueError, "invalid n=100: expected an integer in [1, 99]"),
+    (positive_int, True, ValueError, "invalid n=True: expected an integer >= 1"),
+    (positive_int, 2.0, ValueError, "invalid n=2.0: expected an integer >= 1"),
+    (number_in(1, note="a ratio"), 0.5, ValueError, "invalid n=0.5: expected a finite number >= 1 (a ratio)"),
+    (number_in(0, 1, open_low=True), 0, ValueError, "invalid n=0: expected a number in (0, 1]"),
+    (choice(("adam", "sgd")), "adamw", ValueError, "invalid n='adamw': expected one of ['adam', 'sgd']"),
+    (either(choice(("row",)), int_in(1, note="elements per block")), "col", ValueError,
+     "invalid n='col': expected 'row' or an integer >= 1 (elements per block)"),
+    (optional(unit_interval, "= betas[1]"), 1.0, ValueError,
+     "invalid n=1.0: expected None (= betas[1]) or a number in [0, 1)"),
+    (sequence_of((unit_interval, number_in(0, 1, open_low=True)), ("beta1", "beta2")), (0.9, 0.0), ValueError,
+     "invalid n[1]=0.0 in n=(0.9, 0.0): expected a number in (0, 1]"),
+    (sequence_of((unit_interval,) * 3, ("b1", "b2", "b3")), (0.9,), ValueError,
+     "invalid n=(0.9,): expected a triple (b1, b2, b3), each in [0, 1)"),
+    (boolean, 1, TypeError, "invalid n=1: expected True or False"),
+])
+def test_every_check_refuses_with_one_message_form(check, value, error, message):
+    """core/hyper's vocabulary: each kind of check refuses a value as "invalid NAME=VALUE: expected
+    ...", and a copy of the check (optimizers pickle theirs) is equal to it and refuses it alike."""
+    for each in (check, pickle.loads(pickle.dumps(check))):
+        assert each == check
+        with pytest.raises(error) as info:
+            each("n", value)
+        assert str(info.value) == message
 
+
+def test_integer_checks_take_numpy_integers_as_number_checks_take_numpy_scalars():
+    assert positive_int("n", np.int64(3)) == 3 and unit_interval("b", np.float32(0.5)) == 0.5
+    assert gradwise.SOAP(_params(), precondition_frequency=np.int64(5)).defaults["precondition_frequency"] == 5
+
+
+def test_bad_lr_as_numpy_scalar_or_tensor():
     with pytest.raises(ValueError, match=r"lr=(np\.float32\()?-0\.1\)?: expected a finite number >= 0"):
         gradwise.AdamW(_params(), lr=np.float32(-0.1))
     with pytest.raises(ValueError, match=r"lr=tensor\(nan\): expected a finite number >= 0"):

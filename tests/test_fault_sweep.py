@@ -227,7 +227,7 @@ LOAD_FAULTS = {
                                  "expected"),
     "betas out of range": _loading(_group_value("betas", (0.9, 1.5)), ValueError, "betas", "1.5", "expected"),
     "group params not a list": _loading(_params_not_a_list, TypeError, "{found}", "expected a dict whose 'params'"),
-    "bad mode": _loading(_counter("mode", "test"), ValueError, "'mode'", "'test'", "'train' or 'eval'"),
+    "bad mode": _loading(_counter("mode", "test"), ValueError, "'mode'", "'test'", "['train', 'eval']"),
     "negative skipped_steps": _loading(_counter("skipped_steps", -3), ValueError, "skipped_steps", "-3", ">= 0"),
     "torch SGD checkpoint": _loading(_torch_sgd_checkpoint, ValueError, "{found}"),
     "torch checkpoint, wrong-shaped buffer": _torch_checkpoint(_torch_wrong_shape, ValueError, "parameter 'b'",

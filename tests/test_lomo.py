@@ -101,7 +101,7 @@ def test_adalomo_compiled_equals_eager():
 @pytest.mark.parametrize("kwargs,pattern", [
     (dict(decay_rate=0.8), r"decay_rate=0\.8: expected a finite number < 0"),
     (dict(eps=(1e-30,)), r"eps=\(1e-30,\): expected a pair \(eps1, eps2\)"),
-    (dict(eps=(1e-30, -1.0)), r"eps\[1\]=-1\.0: expected a finite number > 0"),
+    (dict(eps=(1e-30, -1.0)), r"eps\[1\]=-1\.0 in eps=\(1e-30, -1\.0\): expected a finite number > 0"),
     (dict(clip_threshold=0.0), r"clip_threshold=0\.0: expected a finite number > 0"),
     (dict(clip_grad_value=-1.0), r"clip_grad_value=-1\.0: expected a finite number >= 0"),
     (dict(fused_backward="yes"), r"fused_backward='yes': expected True or False"),

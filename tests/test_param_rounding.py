@@ -148,5 +148,5 @@ def test_in_backward_equals_step():
 
 
 def test_bad_value():
-    with pytest.raises(ValueError, match=r"param_rounding='up': expected 'nearest' or 'stochastic'"):
+    with pytest.raises(ValueError, match=r"param_rounding='up': expected one of \['nearest', 'stochastic'\]"):
         gradwise.AdamW([torch.zeros(2, requires_grad=True)], param_rounding="up")

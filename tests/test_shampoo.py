@@ -2,7 +2,9 @@
 Distributed Shampoo test pattern); full Shampoo equals a float64 reference written from the papers."""
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -95,6 +97,62 @@ def test_an_overflowing_gradient_skips_the_factor_update_and_the_preconditioner_
     assert all(state[f"{prefix}.{k}_{side}"].isfinite().all()
                for k in ("factor", derived) for side in ("left", "right"))
     assert all(p.isfinite().all() for p in params)
+
+
+def _failing(recipe, prefix):
+    """An optimizer of ``recipe`` that has skipped a factor update (a gradient row of 1e19: its
+    squares sum past float32 in G G^T) and counted a failed refresh (its left factor set to 3e38)."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 4, generator=gen).requires_grad_()
+    optimizer = recipe([p], lr=0.01, precondition_frequency=2)
+    with pytest.warns(RuntimeWarning):
+        for step in range(4):
+            p.grad = torch.randn(4, 4, generator=gen)
+            if step == 1:
+                p.grad[0] = 1e19
+            if step == 2:
+                optimizer.state[p][f"{prefix}.factor_left"].fill_(3e38)
+            optimizer.step()
+    assert optimizer.eigh_failures >= 1 and optimizer.skipped_factor_updates >= 1
+    return optimizer
+
+
+def _counts(optimizer):
+    return optimizer.eigh_failures, optimizer.skipped_factor_updates
+
+
+@pytest.mark.parametrize("recipe, prefix", [(gradwise.Shampoo, "shampoo"), (gradwise.SOAP, "soap")])
+def test_failure_counters_are_saved_in_state_dict(recipe, prefix):
+    """eigh_failures and skipped_factor_updates are part of state_dict(): a fresh optimizer that loads
+    it has the same counts (as do a deepcopy and a pickled copy); a checkpoint from before they were
+    saved (no 'counters') loads with zeros."""
+    optimizer = _failing(recipe, prefix)
+    saved = optimizer.state_dict()
+    fresh = recipe([torch.zeros(4, 4, requires_grad=True)], lr=0.01, precondition_frequency=2)
+    fresh.load_state_dict(saved)
+    assert _counts(fresh) == _counts(optimizer)
+    for twin in (copy.deepcopy(optimizer), pickle.loads(pickle.dumps(optimizer))):
+        assert _counts(twin) == _counts(optimizer)
+    fresh.load_state_dict({**saved, "gradwise": {k: v for k, v in saved["gradwise"].items() if k != "counters"}})
+    assert _counts(fresh) == (0, 0)
+
+
+@pytest.mark.parametrize("counters, error, text", [
+    ({"shampoo.eigh_failures": -1}, ValueError, "['counters']['shampoo.eigh_failures']=-1: expected an integer >= 0"),
+    ({"shampoo.eigh_failures": 1.5}, ValueError, "=1.5: expected an integer >= 0"),
+    ({"soap.eigh_failures": 1}, ValueError, "has 'soap.eigh_failures', which Shampoo's chain does not count"),
+    ([1, 2], TypeError, "['counters']=[1, 2]: expected a dict"),
+])
+def test_bad_saved_counters_are_refused_and_change_nothing(counters, error, text):
+    optimizer = _failing(gradwise.Shampoo, "shampoo")
+    saved = optimizer.state_dict()
+    before, state = (*_counts(optimizer), optimizer.skipped_steps), copy.deepcopy(optimizer.state_dict())
+    bad = {**saved, "gradwise": {**saved["gradwise"], "skipped_steps": 7, "counters": counters}}
+    with pytest.raises(error) as info:
+        optimizer.load_state_dict(bad)
+    assert text in str(info.value)
+    assert (*_counts(optimizer), optimizer.skipped_steps) == before
+    assert optimizer.state_dict()["gradwise"] == state["gradwise"]
 
 
 def test_failed_eigendecomposition_keeps_previous_roots():

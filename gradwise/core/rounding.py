@@ -14,15 +14,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core.hyper import choice
 from gradwise.state.bf16 import hash32
 
 ROUNDINGS = ("nearest", "stochastic")
 
 
-def check_rounding(name: str, value) -> None:
-    if not isinstance(value, str) or value not in ROUNDINGS:
-        raise ValueError(f"invalid {name}={value!r}: expected 'nearest' or 'stochastic' (stochastic rounding"
-                         " applies to bfloat16 parameters)")
+check_rounding = choice(ROUNDINGS, "stochastic rounding applies to bfloat16 parameters")
 
 
 def rounds_stochastically(static, dtype: torch.dtype) -> bool:

@@ -15,7 +15,9 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.hyper import choice, non_negative_int
 from gradwise.core.params import DTensor, param_label
+from gradwise.core.transform import counters_of
 from gradwise.state.codec import codec_from
 from gradwise.state.store import MARK, layout, parts_of
 
@@ -215,20 +217,34 @@ def put_back_uncast(optimizer, state_dict: Mapping[str, Any]) -> None:
 
 
 def save_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """``state_dict()``'s post-hook: the counters and mode torch's state dict has no place for."""
-    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode}
+    """``state_dict()``'s post-hook: the counters and mode torch's state dict has no place for, with the
+    counters the chain's transforms declare (``counters_of``)."""
+    counters = {key: int(getattr(t, name)) for key, (t, name) in counters_of(optimizer.transform).items()}
+    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode,
+                              **({"counters": counters} if counters else {})}
     return state_dict
 
 
 def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """``load_state_dict()``'s pre-hook: the saved counters and mode, both checked before either is set."""
+    """``load_state_dict()``'s pre-hook: the saved counters and mode, all checked before any is set; a
+    checkpoint from before a counter was saved sets it to 0."""
     saved = state_dict.get("gradwise", {})
-    skipped, mode = saved.get("skipped_steps", 0), saved.get("mode", "train")
-    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
-        raise ValueError(f"invalid state_dict['gradwise']['skipped_steps']={skipped!r}: expected a whole number >= 0")
-    if mode not in ("train", "eval"):
-        raise ValueError(f"invalid state_dict['gradwise']['mode']={mode!r}: expected 'train' or 'eval'")
-    optimizer.skipped_steps = skipped
+    where = "state_dict['gradwise']"
+    skipped = non_negative_int(f"{where}['skipped_steps']", saved.get("skipped_steps", 0))
+    mode = choice(("train", "eval"))(f"{where}['mode']", saved.get("mode", "train"))
+    declared = counters_of(optimizer.transform)
+    counters = saved.get("counters", {})
+    if not isinstance(counters, Mapping):
+        raise TypeError(f"invalid {where}['counters']={counters!r}: expected a dict of whole numbers,"
+                        " as optimizer.state_dict() saves it")
+    unknown = sorted(map(repr, set(counters) - set(declared)))
+    if unknown:
+        raise ValueError(f"{where}['counters'] has {', '.join(unknown)}, which {type(optimizer).__name__}'s chain"
+                         f" does not count; it counts {sorted(declared)}")
+    values = {key: non_negative_int(f"{where}['counters'][{key!r}]", counters.get(key, 0)) for key in declared}
+    optimizer.skipped_steps = int(skipped)
     # the model's weights come from the same checkpoint, saved in this mode: adopt it, move nothing
     optimizer.mode = mode
+    for key, (t, name) in declared.items():
+        setattr(t, name, int(values[key]))
     return state_dict

@@ -88,6 +88,9 @@ class Transform:
     #: encodes them, as a codec's rounding error in them is an error in the weights themselves.
     weights_like: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
+    #: the whole-number attributes (>= 0) the transform counts events in (Shampoo's ``eigh_failures``):
+    #: the optimizer saves them in ``state_dict()`` and sets them back in ``load_state_dict`` (``counters_of``).
+    counters: tuple[str, ...] = ()
     elementwise: bool = True
     batched: bool = False
     hooks: frozenset[str] = frozenset()
@@ -249,6 +252,21 @@ def uses(transform: Transform, hook: str, group: Mapping[str, Any] | None = None
     if hook not in HOOKS:
         raise ValueError(f"invalid hook={hook!r}: expected one of {sorted(HOOKS)}")
     return hook in transform.hooks or bool(_wrapped_using(transform, hook, group))
+
+
+def counters_of(transform: Transform) -> dict[str, tuple[Transform, str]]:
+    """Every counter ``transform`` and what it wraps declare: ``{key: (transform, attribute)}``, keyed
+    like state (``"shampoo.eigh_failures"``); a key two routes share is numbered (``"...2"``)."""
+    out: dict[str, tuple[Transform, str]] = {name: (transform, name) for name in transform.counters}
+    for namespace, t in transform.wrapped():
+        for key, where in counters_of(t).items():
+            key = f"{namespace}.{key}" if namespace else key
+            unique, n = key, 1
+            while unique in out and out[unique] != where:
+                n += 1
+                unique = f"{key}{n}"
+            out[unique] = where
+    return out
 
 
 def _wrapped_using(transform: Transform, hook: str,

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
+from gradwise.core.hyper import positive_int
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.transforms.adam_mini import by_shape, scale_by_adam_mini
@@ -17,11 +18,6 @@ QUERY_KEY = ("k_proj", "q_proj", "wq", "wk", "query", "key")
 ROWS = ("embed", "embd", "wte", "lm_head", "output", "final_layer", "v_proj", "wv", "value", "o_proj", "wo",
         "attn.proj", "feed_forward", "linear", "mlp")
 NO_DECAY = ("norm", "ln", "bias")
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -69,10 +65,10 @@ class AdamMini(Optimizer):
                  dim=2048, n_heads=32, n_kv_heads=None, rule=None, maximize=False, skip_nonfinite=False,
                  compile="auto", state=None,
                  param_rounding="nearest"):
-        _positive_int("dim", dim)
-        _positive_int("n_heads", n_heads)
+        positive_int("dim", dim)
+        positive_int("n_heads", n_heads)
         if n_kv_heads is not None:
-            _positive_int("n_kv_heads", n_kv_heads)
+            positive_int("n_kv_heads", n_kv_heads)
             if n_heads % n_kv_heads:
                 raise ValueError(f"invalid n_kv_heads={n_kv_heads!r}: expected a divisor of n_heads={n_heads}")
         if (dim * dim) % n_heads:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate
@@ -31,9 +32,7 @@ class Shampoo(Optimizer):
                  use_bias_correction=True, preconditioner_dtype=torch.float32, batch_blocks=True, *,
                  maximize=False, skip_nonfinite=False, compile="auto", state=None,
                  param_rounding="nearest"):
-        if not isinstance(use_decoupled_weight_decay, bool):
-            raise TypeError(f"invalid use_decoupled_weight_decay={use_decoupled_weight_decay!r}:"
-                            " expected True or False")
+        boolean("use_decoupled_weight_decay", use_decoupled_weight_decay)
         self._shampoo = scale_by_shampoo()
         links = ([self._shampoo, add_decayed_weights()] if use_decoupled_weight_decay
                  else [add_decayed_weights(), self._shampoo])
@@ -53,4 +52,4 @@ class Shampoo(Optimizer):
     @property
     def skipped_factor_updates(self) -> int:
         """Factor updates skipped because they would have made a factor NaN or inf."""
-        return self._shampoo.factor_skips.total
+        return self._shampoo.skipped_factor_updates

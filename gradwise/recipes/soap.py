@@ -38,4 +38,4 @@ class SOAP(Optimizer):
     @property
     def skipped_factor_updates(self) -> int:
         """Factor updates skipped because they would have made a factor NaN or inf."""
-        return self._soap.factor_skips.total
+        return self._soap.skipped_factor_updates

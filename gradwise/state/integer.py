@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core.hyper import choice
 from gradwise.state.codec import Codec, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
@@ -55,13 +56,9 @@ class Quantized(Codec):
     unsigned_layout = ("rank1", "dynamic", "nearest")
 
     def __init__(self, block_size: int | None = None, normalization: str = "default", rounding: str = "default"):
-        if rounding not in _ROUNDINGS:
-            raise ValueError(f"invalid rounding={rounding!r}: expected one of {_ROUNDINGS}")
-        self.rounding = rounding
+        self.rounding = choice(_ROUNDINGS)("rounding", rounding)
         self.block_size = check_block_size("block_size", self.default_block if block_size is None else block_size)
-        if normalization not in _NORMALIZATIONS:
-            raise ValueError(f"invalid normalization={normalization!r}: expected one of {_NORMALIZATIONS}")
-        self.normalization = normalization
+        self.normalization = choice(_NORMALIZATIONS)("normalization", normalization)
         #: the code map of signed and of non-negative buffers, built here (not while compiling a step)
         self.maps = {signed: code_map(layout[1], self.bits, signed)
                      for signed, layout in ((True, self.signed_layout), (False, self.unsigned_layout))}

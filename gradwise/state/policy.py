@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from gradwise.core.hyper import non_negative_int
 from gradwise.state.codec import Codec, codec_from
 
 #: parameters with fewer elements keep float32 state unless a rule says otherwise.
@@ -37,9 +38,7 @@ class StatePolicy:
     def __init__(self, default: Any = "int8", *, rules: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
                  min_numel: int = MIN_NUMEL):
         self.default = codec_from(default, "default")
-        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
-            raise ValueError(f"invalid min_numel={min_numel!r}: expected an integer >= 0")
-        self.min_numel = min_numel
+        self.min_numel = non_negative_int("min_numel", min_numel)
         items = rules.items() if isinstance(rules, Mapping) else rules
         self.rules: list[tuple[re.Pattern, Codec | None]] = []
         for entry in items:

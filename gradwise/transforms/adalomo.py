@@ -4,30 +4,16 @@ relative to the parameter's root-mean-square. (Adafactor's factored second momen
 2018, is the same idea; this transform follows AdaLomo's package, ``lomo-optim`` 0.1.1.)"""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, positive
+from gradwise.core.hyper import Hyper, negative, positive, sequence_of
 from gradwise.core.transform import Context
 from gradwise.transforms.factored import scale_by_factored_rms
 
-
-def positive_pair(name: str, value) -> None:
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"invalid {name}={value!r}: expected a pair (eps1, eps2) of finite numbers > 0")
-    for i, x in enumerate(value):
-        positive(f"{name}[{i}]", x)
-
-
-def negative(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < 0:
-        raise ValueError(f"invalid {name}={value!r}: expected a finite number < 0")
-
-
 #: (eps1, eps2): eps1 is added to g^2, eps2 is the smallest parameter RMS the step is scaled by.
-EPS = Hyper((1e-30, 1e-3), positive_pair)
+EPS = Hyper((1e-30, 1e-3), sequence_of((positive, positive), ("eps1", "eps2")))
 
 
 class scale_by_adalomo(scale_by_factored_rms):  # noqa: N801

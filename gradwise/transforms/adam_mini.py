@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, betas_pair, positive
+from gradwise.core.hyper import Hyper, betas_pair, choice, either, int_in, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 
 #: how a parameter is cut into blocks that share one second moment: ``"element"`` (Adam), ``"row"``
@@ -25,12 +25,8 @@ def by_shape(name: str | None, param: Tensor) -> Any:
     return "row" if param.dim() >= 2 else "tensor"
 
 
-def _blocks(name: str, value: Any) -> None:
-    if value in BLOCKS or value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected one of {BLOCKS}, 'auto' (by shape) or an integer >= 1 "
-                         "(elements per block)")
+#: what ``group["blocks"]`` (and a rule) may say: a kind of block, ``"auto"``, or a block's size
+BLOCKS_CHECK = either(choice(BLOCKS), choice(("auto",), "by shape"), int_in(1, note="elements per block"))
 
 
 def block_count(param: Tensor, blocks: Any) -> int:
@@ -64,7 +60,7 @@ class scale_by_adam_mini(Transform):  # noqa: N801 - transforms are named like f
     nonnegative = ("exp_avg_sq",)
     elementwise = False
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair), "eps": Hyper(1e-8, positive),
-             "blocks": Hyper("auto", _blocks, static=True)}
+             "blocks": Hyper("auto", BLOCKS_CHECK, static=True)}
 
     def __init__(self, rule: Rule = by_shape, no_decay: Callable[[str], bool] | None = None):
         if not callable(rule):
@@ -79,8 +75,8 @@ class scale_by_adam_mini(Transform):  # noqa: N801 - transforms are named like f
             name, p = item if isinstance(item, tuple) else (None, item)
             blocks = self.rule(name, p)
             label = f"parameter {name!r}" if name else f"params[{j}]"
-            _blocks(f"blocks for {label}", blocks)
-            if isinstance(blocks, int) and p.numel() % blocks:
+            BLOCKS_CHECK(f"blocks for {label}", blocks)
+            if not isinstance(blocks, str) and p.numel() % blocks:
                 raise ValueError(f"invalid blocks={blocks} for {label} of shape {tuple(p.shape)}: its {p.numel()}"
                                  " elements do not divide into blocks of that size (check dim and n_heads)")
             decays = not (name is not None and self.no_decay is not None and self.no_decay(name))

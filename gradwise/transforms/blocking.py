@@ -121,8 +121,8 @@ class SkippedUpdates:
     """A transform's count of skipped factor updates, kept on the device between the steps that sync
     anyway (root or basis refreshes), where it is read and a warning names the new ones."""
 
-    def __init__(self) -> None:
-        self.count, self._pending = 0, None
+    def __init__(self, count: int = 0) -> None:
+        self.count, self._pending = count, None
 
     def add(self, skipped: Tensor) -> None:
         self._pending = skipped if self._pending is None else self._pending + skipped.to(self._pending.device)
@@ -141,3 +141,25 @@ class SkippedUpdates:
     def total(self) -> int:
         """Every skipped update so far, pending ones included."""
         return self.count + (0 if self._pending is None else int(self._pending))
+
+
+class FactorCounters:
+    """The counters of a Kronecker-factored preconditioner (Shampoo, SOAP), declared as the transform's
+    ``counters``, so that ``state_dict()`` saves them and ``load_state_dict`` sets them back:
+    ``eigh_failures``, the factors whose eigendecomposition (or basis refresh) failed and kept their
+    previous value, and ``skipped_factor_updates``, the factor updates skipped because they would have
+    made a factor NaN or inf (``factor_skips``)."""
+
+    counters = ("eigh_failures", "skipped_factor_updates")
+
+    def __init__(self) -> None:
+        self.eigh_failures = 0
+        self.factor_skips = SkippedUpdates()
+
+    @property
+    def skipped_factor_updates(self) -> int:
+        return self.factor_skips.total
+
+    @skipped_factor_updates.setter
+    def skipped_factor_updates(self, count: int) -> None:
+        self.factor_skips = SkippedUpdates(count)

@@ -4,35 +4,17 @@ where it disagrees with the update it averages (its "instability"), that disagre
 factored form too."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper
+from gradwise.core.hyper import Hyper, non_negative, sequence_of, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.factored import accumulate, factored_buffers, inverse_root, scale_by_factored_rms
 
-
-def _betas3(name: str, value: Any) -> None:
-    if not isinstance(value, (tuple, list)) or len(value) != 3:
-        raise ValueError(f"invalid {name}={value!r}: expected a triple (beta1, beta2, beta3), each in [0, 1)")
-    for i, beta in enumerate(value):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
-            raise ValueError(f"invalid {name}[{i}]={beta!r} in {name}={tuple(value)!r}: expected a number in [0, 1)")
-
-
-def _eps_pair(name: str, value: Any) -> None:
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"invalid {name}={value!r}: expected a pair (eps1, eps2), each a finite number >= 0")
-    for i, e in enumerate(value):
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < math.inf:
-            raise ValueError(f"invalid {name}[{i}]={e!r} in {name}={tuple(value)!r}: expected a finite number >= 0")
-
-
-CAME_BETAS = Hyper((0.9, 0.999, 0.9999), _betas3)
-CAME_EPS = Hyper((1e-30, 1e-16), _eps_pair)
+CAME_BETAS = Hyper((0.9, 0.999, 0.9999), sequence_of((unit_interval,) * 3, ("beta1", "beta2", "beta3")))
+CAME_EPS = Hyper((1e-30, 1e-16), sequence_of((non_negative,) * 2, ("eps1", "eps2")))
 
 
 class scale_by_came_rms(scale_by_factored_rms):  # noqa: N801 - transforms are named like functions (optax grammar)

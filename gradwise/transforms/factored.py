@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, non_negative
+from gradwise.core.hyper import Hyper, non_negative, non_positive, number_in, optional, sequence_of
 from gradwise.core.transform import Context, Transform, state_dtype
 
 
@@ -56,30 +56,10 @@ def inverse_root(row: Tensor, col: Tensor, full: Tensor, shape: torch.Size, floo
     return estimate.clamp(min=floor * floor).rsqrt()
 
 
-def _decay(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value <= 0:
-        raise ValueError(f"invalid {name}={value!r}: expected a finite number <= 0")
-
-
-def _adafactor_eps(name: str, value: Any) -> None:
-    ok = isinstance(value, (tuple, list)) and len(value) == 2
-    for i, e in enumerate(value if ok else ()):
-        allowed = (e is None) if i == 0 else False
-        if not allowed and (isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < math.inf):
-            raise ValueError(f"invalid {name}[{i}]={e!r} in {name}={tuple(value)!r}: expected "
-                             + ("None or " if i == 0 else "") + "a finite number >= 0")
-    if not ok:
-        raise ValueError(f"invalid {name}={value!r}: expected a pair (eps1, eps2): eps1 None or >= 0, eps2 >= 0")
-
-
-def _clip_threshold(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
-        raise ValueError(f"invalid {name}={value!r}: expected a finite number >= 1")
-
-
 #: Adafactor's (eps1, eps2): eps1 floors the second moment (None: the dtype's machine epsilon), eps2
 #: the parameter scale. Static: a Python value (None is allowed), so changing it recompiles.
-ADAFACTOR_EPS = Hyper((None, 1e-3), _adafactor_eps, static=True)
+ADAFACTOR_EPS = Hyper((None, 1e-3), sequence_of((optional(non_negative), non_negative), ("eps1", "eps2")),
+                      static=True)
 
 
 def rms(t: Tensor) -> Tensor:
@@ -100,7 +80,7 @@ class scale_by_factored_rms(Transform):  # noqa: N801 - transforms are named lik
     state = ("row_var", "col_var", "variance")
     nonnegative = ("variance",)
     elementwise = False
-    hyper = {"beta2_decay": Hyper(-0.8, _decay), "eps": ADAFACTOR_EPS}
+    hyper = {"beta2_decay": Hyper(-0.8, non_positive), "eps": ADAFACTOR_EPS}
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         return factored_buffers(param, *self.state)
@@ -136,7 +116,7 @@ class clip_by_block_rms(Transform):  # noqa: N801
     name = "clip"
     elementwise = False
 
-    def __init__(self, threshold: str = "d", spec: Hyper = Hyper(1.0, _clip_threshold)):
+    def __init__(self, threshold: str = "d", spec: Hyper = Hyper(1.0, number_in(1))):
         self.threshold = threshold
         self.hyper = {threshold: spec}
 

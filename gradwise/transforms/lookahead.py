@@ -17,18 +17,11 @@ weights (the buffer then holds the fast ones) and ``Optimizer.train()`` swaps th
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, boolean, closed_unit_interval
+from gradwise.core.hyper import Hyper, boolean, closed_unit_interval, positive_int
 from gradwise.core.transform import Context, Transform, state_dtype
-
-
-def positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
 
 
 class lookahead(Transform):  # noqa: N801

@@ -9,27 +9,16 @@ projects G -> A^T G with A (m x r), back by X -> A X; ``"full"`` does both, G ->
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, choice, positive
+from gradwise.core.hyper import Hyper, choice, int_in, optional, positive, positive_int
 from gradwise.core.transform import Chain, Context, Transform, chain, state_dtype, uses
 
 #: GaLore's projection types, named as galore-torch names them: ``std`` projects the larger side
 #: away (right for m >= n, left otherwise), ``reverse_std`` the smaller one.
 PROJ_TYPES = ("std", "reverse_std", "right", "left", "full")
-
-
-def check_rank(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"invalid {name}={value!r}: expected None (no projection) or an integer >= 1")
-
-
-def check_gap(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1 (steps between projector refreshes)")
 
 
 def inner_chain(inner: Transform, owner: str) -> Chain:
@@ -52,8 +41,8 @@ def inner_chain(inner: Transform, owner: str) -> Chain:
 def projection_hyper(proj_types: tuple[str, ...], scale: float) -> dict[str, Hyper]:
     """The hyperparameters every low-rank projection reads, under galore-torch's names."""
     return {
-        "rank": Hyper(None, check_rank, static=True),
-        "update_proj_gap": Hyper(200, check_gap, static=True),
+        "rank": Hyper(None, optional(positive_int, "no projection"), static=True),
+        "update_proj_gap": Hyper(200, int_in(1, note="steps between projector refreshes"), static=True),
         "scale": Hyper(scale, positive),
         "proj_type": Hyper("std", choice(proj_types), static=True),
     }

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, boolean, positive, unit_interval
+from gradwise.core.hyper import Hyper, boolean, choice, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.learning_rate import scale_by_learning_rate
 
@@ -40,8 +40,7 @@ class scale_by_madgrad(Transform):  # noqa: N801
     nonnegative = ("grad_sum_sq",)
 
     def __init__(self, schedule=None, denominator: str = "eps"):
-        if denominator not in ("eps", "softplus"):
-            raise ValueError(f"invalid denominator={denominator!r}: expected 'eps' or 'softplus'")
+        choice(("eps", "softplus"))("denominator", denominator)
         self.schedule, self.denominator = schedule, denominator
         # lr as every link declares it (default 1e-3; the madgrad package's is 1e-2), so chains compose
         self.hyper = {"lr": scale_by_learning_rate.hyper["lr"], "momentum": momentum_hyper()}

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, positive
+from gradwise.core.hyper import Hyper, choice, int_in, number_in, positive, sequence_of
 from gradwise.core.transform import Context, Transform
 
 #: (a, b, c) of the quintic from the Muon reference: the largest slope at zero for which five
@@ -18,27 +18,6 @@ from gradwise.core.transform import Context, Transform
 MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_DTYPES = (None, torch.bfloat16, torch.float16, torch.float32, torch.float64)
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "none")
-
-
-def _coefficients(name: str, value: Any) -> None:
-    if not (isinstance(value, (tuple, list)) and len(value) == 3
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
-        raise ValueError(f"invalid {name}={value!r}: expected three finite numbers (a, b, c)")
-
-
-def _steps(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 100:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer in [1, 99]")
-
-
-def _ns_dtype(name: str, value: Any) -> None:
-    if value not in NS_DTYPES:
-        raise ValueError(f"invalid {name}={value!r}: expected one of {NS_DTYPES} (None: the update's dtype)")
-
-
-def _adjust_lr_fn(name: str, value: Any) -> None:
-    if value not in ADJUST_LR_FNS:
-        raise ValueError(f"invalid {name}={value!r}: expected one of {ADJUST_LR_FNS}")
 
 
 def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: Any) -> Tensor:
@@ -71,10 +50,10 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
     elementwise = False
     batched = True
     hyper = {
-        "ns_coefficients": Hyper(MUON_COEFFICIENTS, _coefficients, static=True),
-        "ns_steps": Hyper(5, _steps, static=True),
+        "ns_coefficients": Hyper(MUON_COEFFICIENTS, sequence_of((number_in(),) * 3, ("a", "b", "c")), static=True),
+        "ns_steps": Hyper(5, int_in(1, 99), static=True),
         "eps": Hyper(1e-7, positive),
-        "ns_dtype": Hyper(torch.bfloat16, _ns_dtype, static=True),
+        "ns_dtype": Hyper(torch.bfloat16, choice(NS_DTYPES, "None: the update's dtype"), static=True),
     }
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
@@ -111,7 +90,7 @@ class scale_by_shape(Transform):  # noqa: N801
 
     name = "shape_scale"
     elementwise = False
-    hyper = {"adjust_lr_fn": Hyper(None, _adjust_lr_fn, static=True)}
+    hyper = {"adjust_lr_fn": Hyper(None, choice(ADJUST_LR_FNS), static=True)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         return [u * shape_scale(ctx["adjust_lr_fn"], u.shape) for u in updates]

@@ -5,7 +5,7 @@ from typing import Any, Callable, Mapping
 
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper
+from gradwise.core.hyper import Hyper, choice
 from gradwise.core.transform import Context, Transform
 
 #: ``rule(name, param) -> route name``; ``name`` is None unless the user passed named parameters.
@@ -60,20 +60,16 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
             own = {name: spec.default for name, spec in transform.hyper.items() if spec.default != merged[name].default}
             self.routes[key] = transform
             self.route_defaults[key] = {**own, **values}
-        self.hyper = {**merged, "route": Hyper(next(iter(self.routes)), self._check_route, static=True)}
+        self.hyper = {**merged, "route": Hyper(next(iter(self.routes)), choice(tuple(self.routes)), static=True)}
         self.state = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.state))
         self.nonnegative = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.nonnegative))
         self.weights_like = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.weights_like))
         self.elementwise = all(t.elementwise for t in self.routes.values())
         self.batched = any(t.batched for t in self.routes.values())
 
-    def _check_route(self, name: str, value: Any) -> None:
-        if value not in self.routes:
-            raise ValueError(f"invalid {name}={value!r}: expected one of {list(self.routes)}")
-
     def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
         if "route" in group:
-            self._check_route("route", group["route"])
+            self.hyper["route"].validate("route", group["route"])
             return [{**self.route_defaults[group["route"]], **group}]
         members: dict[str, list[Any]] = {key: [] for key in self.routes}
         for j, item in enumerate(group["params"]):

@@ -15,23 +15,11 @@ set per param group and advances it on every step).
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
+from gradwise.core.hyper import Hyper, betas_pair, non_negative, non_negative_int, open_unit_interval, positive
 from gradwise.core.transform import Context, Transform, state_dtype
-
-
-def non_negative_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 0")
-
-
-def open_unit_interval(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < 1.0:
-        raise ValueError(f"invalid {name}={value!r}: expected a number in (0, 1)")
 
 
 class scale_by_rms(Transform):  # noqa: N801

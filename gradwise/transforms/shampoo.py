@@ -4,40 +4,37 @@ arXiv:2309.06497, Distributed Shampoo)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, boolean, choice, positive, unit_interval
+from gradwise.core.hyper import (
+    Hyper,
+    boolean,
+    choice,
+    either,
+    number_in,
+    optional,
+    positive,
+    positive_int,
+    sequence_of,
+    unit_interval,
+)
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, SkippedUpdates, accumulate_factors, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, FactorCounters, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import inverse_roots
 
 GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
 PRECONDITIONER_DTYPES = (torch.float32, torch.float64)
 
 
-def _betas(name: str, value: Any) -> None:
-    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) for b in value)
-    if not ok or not (0 <= value[0] < 1 and 0 < value[1] <= 1):
-        raise ValueError(f"invalid {name}={value!r}: expected (beta1, beta2) with beta1 in [0, 1), beta2 in (0, 1]")
+#: beta2 = 1 keeps sums of the factors (AdaGrad-like) instead of running means
+BETAS = sequence_of((unit_interval, number_in(0, 1, open_low=True)), ("beta1", "beta2"))
+#: the first step that preconditions: None (= precondition_frequency), a step, or math.inf (never)
+START = either(optional(positive_int, "= precondition_frequency"), choice((math.inf,)))
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
-
-
-def _start(name: str, value: Any) -> None:
-    is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    if value is not None and not (value == math.inf or is_count):
-        raise ValueError(f"invalid {name}={value!r}: expected None (= precondition_frequency), an integer >= 1"
-                         " or math.inf")
-
-
-class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+class scale_by_shampoo(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
     """Blocked Shampoo with grafting, for parameters of two or more dimensions (seen as matrices
     (d0, d1 * ...), cut into blocks of at most ``max_preconditioner_dim`` per side); parameters of
     fewer dimensions (biases, scalars) take the grafting method's direction alone.
@@ -63,11 +60,11 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
     elementwise = False
     batched = True
     hyper = {
-        "betas": Hyper((0.9, 0.999), _betas),
+        "betas": Hyper((0.9, 0.999), BETAS),
         "epsilon": Hyper(1e-12, positive),
-        "max_preconditioner_dim": Hyper(8192, _positive_int, static=True),
-        "precondition_frequency": Hyper(100, _positive_int, static=True),
-        "start_preconditioning_step": Hyper(None, _start, static=True),
+        "max_preconditioner_dim": Hyper(8192, positive_int, static=True),
+        "precondition_frequency": Hyper(100, positive_int, static=True),
+        "start_preconditioning_step": Hyper(None, START, static=True),
         "grafting": Hyper("adam", choice(GRAFTINGS), static=True),
         "grafting_beta2": Hyper(0.999, unit_interval),
         "grafting_epsilon": Hyper(1e-8, positive),
@@ -75,10 +72,6 @@ class scale_by_shampoo(Transform):  # noqa: N801 - transforms are named like fun
         "preconditioner_dtype": Hyper(torch.float32, choice(PRECONDITIONER_DTYPES), static=True),
         "batch_blocks": Hyper(True, boolean, static=True),
     }
-
-    def __init__(self) -> None:
-        self.eigh_failures = 0
-        self.factor_skips = SkippedUpdates()
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype = state_dtype(param)

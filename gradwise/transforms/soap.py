@@ -2,28 +2,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
+from gradwise.core.hyper import Hyper, betas_pair, boolean, optional, positive, positive_int, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, SkippedUpdates, accumulate_factors, block_groups, pieces
+from gradwise.transforms.blocking import Blocking, FactorCounters, accumulate_factors, block_groups, pieces
 from gradwise.transforms.matrix_root import eigenbases, keep_previous
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
-
-
-def _shampoo_beta(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
-        raise ValueError(f"invalid {name}={value!r}: expected None (= betas[1]) or a number in [0, 1)")
-
-
-class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
     """For each block G of a parameter of two or more dimensions (seen as a matrix, cut into blocks of
     at most ``max_precond_dim`` per side), with Q_L, Q_R the eigenbases of Shampoo's factors:
 
@@ -48,16 +37,12 @@ class scale_by_soap(Transform):  # noqa: N801 - transforms are named like functi
     batched = True
     hyper = {
         "betas": Hyper((0.95, 0.95), betas_pair),
-        "shampoo_beta": Hyper(None, _shampoo_beta, static=True),
+        "shampoo_beta": Hyper(None, optional(unit_interval, "= betas[1]"), static=True),
         "eps": Hyper(1e-8, positive),
-        "precondition_frequency": Hyper(10, _positive_int, static=True),
-        "max_precond_dim": Hyper(10000, _positive_int, static=True),
+        "precondition_frequency": Hyper(10, positive_int, static=True),
+        "max_precond_dim": Hyper(10000, positive_int, static=True),
         "batch_blocks": Hyper(True, boolean, static=True),
     }
-
-    def __init__(self) -> None:
-        self.eigh_failures = 0
-        self.factor_skips = SkippedUpdates()
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype, device = state_dtype(param), param.device
