@@ -188,7 +188,7 @@ ENTRIES = [
     _entry(gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
            ("schedule-free-sgd", dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0,
                                       weight_lr_power=1.0)),
-           state=False),
+           state=False, complex=True),
     _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
                                           dict(lr=3e-3, num_iterations=50, beta0=0.9)),
            required=dict(lr=1e-3, num_iterations=100), state=False, fused_backward=False,
@@ -220,6 +220,8 @@ ENTRIES = [
 
 #: every input configuration of every entry
 CASES = [Case(entry, config) for entry in ENTRIES for config in entry.configs]
+#: one training case per recipe (its last), for the generic tests that need one configuration of each
+ONE_PER_RECIPE = list({c.recipe: c for c in CASES if c.trains}.values())
 #: the cases with a reference optimizer to compare against step by step
 REFERENCED = [c for c in CASES if c.reference is not None]
 #: every recipe class the registry covers, for the generic tests that need a class, not a case

@@ -11,13 +11,13 @@ import torch
 import gradwise
 from gradwise.bench_recipe_quality import held_out_loss
 from gradwise.state import StatePolicy
-from tests.registry import CASES, ENTRIES, build
+from tests.registry import CASES, ENTRIES, ONE_PER_RECIPE, build
 
 CODECS = ["bf16", "int8", "int4"]
 #: how far from the float32 trajectory a codec may drift in 15 steps, relative to how far it moved.
 DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6}
 #: one case per recipe that keeps encoded state (its last registry case: SGD with Nesterov momentum)
-STATE_CASES = list({c.recipe: c for c in CASES if c.trains and c.entry.state}.values())
+STATE_CASES = [c for c in ONE_PER_RECIPE if c.entry.state]
 
 
 def unlike_adamw(entry) -> bool:
