@@ -58,7 +58,8 @@ class Entry:
     #: ``gradwise.fused_backward(optimizer)`` accepts it (no chain batched across parameters, no step()
     #: of its own)
     fused_backward: bool = True
-    #: steps FSDP2-sharded parameters exactly as unsharded ones (tests/test_fsdp2.py, on 2 gloo ranks)
+    #: steps FSDP2-sharded parameters exactly as unsharded ones (tests/test_fsdp2.py, on 2 gloo ranks);
+    #: False: refuses shards with NotImplementedError, as a chain that needs whole tensors does
     fsdp2: bool = False
     #: its step amplifies a small error of its state (Newton-Schulz lifts every singular value to about
     #: 1, preconditioners divide by small eigenvalues): encoded state is held to a loss, not a trajectory
@@ -68,7 +69,8 @@ class Entry:
     torch_counterpart: type[torch.optim.Optimizer] | None = None
     own_defaults: frozenset[str] = frozenset()
     #: engine keywords (``ENGINE_KEYWORDS``) its signature lacks, and the values it refuses with a reason.
-    #: Ranger21 lacks ``state``: the lead's plain-chain Ranger21 takes it (flip both to the defaults then)
+    #: Ranger21 lacks ``state`` and refuses stochastic rounding: the plain-chain Ranger21 (issue 13) takes
+    #: both, so its entry's ``missing_keywords``, ``refused`` and ``state`` go back to the defaults then
     missing_keywords: frozenset[str] = frozenset()
     refused: dict[str, Any] = field(default_factory=dict)
 
@@ -184,11 +186,12 @@ ENTRIES = [
     _entry(gradwise.Lion, _lion, ("lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)), fsdp2=True),
     _entry(gradwise.ScheduleFreeAdamW, _schedulefree("AdamWScheduleFree"),
            ("schedule-free-adamw",
-            dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0))),
+            dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
+           fsdp2=True),
     _entry(gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
            ("schedule-free-sgd", dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0,
                                       weight_lr_power=1.0)),
-           state=False, complex=True),
+           state=False, complex=True, fsdp2=True),
     _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
                                           dict(lr=3e-3, num_iterations=50, beta0=0.9)),
            required=dict(lr=1e-3, num_iterations=100), state=False, fused_backward=False,
@@ -206,7 +209,7 @@ ENTRIES = [
     _entry(gradwise.AdamMini, None, ("adam-mini", dict(lr=0.01, weight_decay=0.1))),  # tests/test_adam_mini.py
     # updated inside backward (fused_backward=True by default); float64 references in tests/test_lomo.py
     _entry(gradwise.LOMO, None, ("lomo", dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
-           required=dict(fused_backward=False)),
+           required=dict(fused_backward=False), fsdp2=True),
     _entry(gradwise.AdaLomo, None, ("adalomo", dict(lr=0.01, weight_decay=0.01)), required=dict(fused_backward=False)),
     # unprojected here (the references project only groups that carry "rank"): tests/test_galore.py and
     # tests/test_apollo.py compare the projections step by step, APOLLO-Mini's included
