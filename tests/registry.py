@@ -1,35 +1,120 @@
-"""One registry of recipes, their references and their hyperparameter cases.
+"""One registry of recipes: each recipe's capabilities, its reference and its input configurations,
+declared once, as torch's ``OptimizerInfo`` declares them for torch.optim.
 
-Every generic test walks ``CASES``: parity with the reference step by step (cases whose reference is
+Every generic test walks ``CASES`` (one per input configuration) or ``ENTRIES`` (one per recipe) and
+filters on what an entry declares: parity with the reference step by step (entries whose reference is
 None are checked against float64 implementations from their papers in their own test files),
-compiled equals eager, exact resume. The next recipe costs one entry here.
+compiled equals eager, exact resume, encoded state, complex and bfloat16 parameters, FSDP2.
+What a recipe's own code can tell is derived, not declared (``compiles``, from its chains'
+``batched``); what is declared and can also be observed (``state``, ``fused_backward``, the torch
+counterpart, the engine keywords) is checked against the recipe by tests/test_registry.py, so the
+two cannot drift. The next recipe costs one entry here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import torch
 
 import gradwise
 
+#: the keywords the engine gives every recipe, each with a value that differs from its default
+ENGINE_KEYWORDS = {"param_rounding": "stochastic", "maximize": True, "skip_nonfinite": True, "compile": False,
+                   "state": "int8"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One input configuration: the recipe's keyword arguments, and the reference's where it spells an
+    option differently; ``trains=False`` for one that makes no sense on a training loss (gradient ascent)."""
+
+    name: str
+    kwargs: dict[str, Any]
+    reference_kwargs: dict[str, Any] | None = None
+    trains: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """A recipe, its reference, its input configurations and its capabilities."""
+
+    recipe: type[gradwise.Optimizer]
+    reference: Callable[..., torch.optim.Optimizer] | None  # None: float64 paper references in its test file
+    configs: tuple[Config, ...]
+    #: constructor arguments it cannot do without (Ranger21's lr and step budget); LOMO and AdaLomo in
+    #: their ordinary-step mode, as the generic tests check what step() does with a backward's gradients
+    required: dict[str, Any] = field(default_factory=dict)
+    #: keeps encoded state (``state="int8"``); False: refuses it, naming why (``state_refusal``)
+    state: bool = True
+    #: matches its reference on complex parameters
+    complex: bool = False
+    #: its reference takes ``maximize=True`` too, so gradient ascent is compared step by step (every
+    #: recipe takes ``maximize``: tests/test_engine_options.py)
+    maximize_reference: bool = False
+    #: steps bfloat16 parameters in float32 and rounds each result once into the parameter
+    bf16: bool = True
+    #: ``gradwise.fused_backward(optimizer)`` accepts it (no chain batched across parameters, no step()
+    #: of its own)
+    fused_backward: bool = True
+    #: steps FSDP2-sharded parameters exactly as unsharded ones (tests/test_fsdp2.py, on 2 gloo ranks);
+    #: False: refuses shards with NotImplementedError, as a chain that needs whole tensors does
+    fsdp2: bool = False
+    #: its step amplifies a small error of its state (Newton-Schulz lifts every singular value to about
+    #: 1, preconditioners divide by small eigenvalues): encoded state is held to a loss, not a trajectory
+    amplifies_state_error: bool = False
+    #: the torch.optim optimizer whose keywords, order and defaults it takes (a drop-in), and the
+    #: defaults it changes on purpose
+    torch_counterpart: type[torch.optim.Optimizer] | None = None
+    own_defaults: frozenset[str] = frozenset()
+    #: engine keywords (``ENGINE_KEYWORDS``) its signature lacks, and the values it refuses with a reason.
+    #: Ranger21 lacks ``state`` and refuses stochastic rounding: the plain-chain Ranger21 (issue 13) takes
+    #: both, so its entry's ``missing_keywords``, ``refused`` and ``state`` go back to the defaults then
+    missing_keywords: frozenset[str] = frozenset()
+    refused: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.__name__
+
+    def build(self, params, **kwargs) -> gradwise.Optimizer:
+        """``recipe(params, **kwargs)`` with the arguments it requires filled in."""
+        return self.recipe(params, **{**self.required, **kwargs})
+
+    @cached_property
+    def chains(self) -> list:
+        """The chains its param groups run (one per route), built on a matrix and a vector."""
+        optimizer = self.build([torch.nn.Parameter(torch.zeros(4, 3)), torch.nn.Parameter(torch.zeros(3))],
+                               compile=False, **self.configs[0].kwargs)
+        return list({id(c): c for c in (optimizer.transform.for_group(g) for g in optimizer.param_groups)}.values())
+
+    @property
+    def compiles(self) -> bool:
+        """Derived: some route's chain is not batched across parameters (those always run eagerly)."""
+        return any(not c.batched for c in self.chains)
+
 
 @dataclass(frozen=True)
 class Case:
-    name: str
-    recipe: type[gradwise.Optimizer]
-    reference: Callable[..., torch.optim.Optimizer] | None  # None: a float64 paper reference elsewhere
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    reference_kwargs: dict[str, Any] | None = None  # when the reference spells an option differently
-    trains: bool = True  # False for cases that make no sense on a training loss (gradient ascent)
-    compiles: bool = True  # False for batched chains (matrix preconditioners), which always run eagerly
+    """One input configuration of one entry, for the tests that walk configurations."""
 
-    def ours(self, params, compile: bool) -> gradwise.Optimizer:
-        return self.recipe(params, compile=compile, **self.kwargs)
+    entry: Entry
+    config: Config
 
-    def theirs(self, params) -> torch.optim.Optimizer:
-        kwargs = self.kwargs if self.reference_kwargs is None else self.reference_kwargs
-        return self.reference(params, **kwargs)
+    name = property(lambda self: self.config.name)
+    recipe = property(lambda self: self.entry.recipe)
+    reference = property(lambda self: self.entry.reference)
+    kwargs = property(lambda self: self.config.kwargs)
+    trains = property(lambda self: self.config.trains)
+    compiles = property(lambda self: self.entry.compiles)
+
+    def ours(self, params, compile: bool, **kwargs) -> gradwise.Optimizer:
+        return self.recipe(params, compile=compile, **self.kwargs, **kwargs)
+
+    def theirs(self, params, **kwargs) -> torch.optim.Optimizer:
+        own = self.kwargs if self.config.reference_kwargs is None else self.config.reference_kwargs
+        return self.reference(params, **own, **kwargs)
 
 
 def _lion(params, **kwargs):
@@ -79,53 +164,75 @@ def _apollo(params, **kwargs):
     return APOLLOAdamW(params, **kwargs)
 
 
-CASES = [
-    Case("sgd", gradwise.SGD, torch.optim.SGD, dict(lr=0.05)),
-    Case("sgd-momentum-dampening", gradwise.SGD, torch.optim.SGD,
-         dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
-    Case("sgd-nesterov", gradwise.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
-    Case("adam", gradwise.Adam, torch.optim.Adam, dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
-    Case("adamw", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
-    Case("nadamw", gradwise.NAdamW, torch.optim.NAdam, dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3),
-         dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3, decoupled_weight_decay=True)),
-    Case("lion", gradwise.Lion, _lion, dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
-    Case("schedule-free-adamw", gradwise.ScheduleFreeAdamW, _schedulefree("AdamWScheduleFree"),
-         dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
-    Case("schedule-free-sgd", gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
-         dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0, weight_lr_power=1.0)),
-    Case("ranger21", gradwise.Ranger21, _ranger21, dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
-         dict(lr=3e-3, num_iterations=50, beta0=0.9)),
-    Case("adamw-maximize", gradwise.AdamW, torch.optim.AdamW, dict(lr=0.01, maximize=True), trains=False),
-    Case("muon", gradwise.Muon, None, dict(lr=0.02, adamw_lr=1e-3)),
-    Case("shampoo", gradwise.Shampoo, None, dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8),
-         compiles=False),
-    Case("soap", gradwise.SOAP, None, dict(lr=0.01, precondition_frequency=2, max_precond_dim=8), compiles=False),
-    Case("adafactor", gradwise.Adafactor, _adafactor, dict(lr=0.01, weight_decay=0.1, d=1.5)),
-    Case("came", gradwise.CAME, _came, dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),
-    Case("adam-mini", gradwise.AdamMini, None, dict(lr=0.01, weight_decay=0.1)),  # adam-mini: tests/test_adam_mini.py
+def _entry(recipe, reference, *configs, **capabilities) -> Entry:
+    return Entry(recipe, reference, tuple(Config(*c) if isinstance(c, tuple) else c for c in configs), **capabilities)
+
+
+ENTRIES = [
+    _entry(gradwise.SGD, torch.optim.SGD, ("sgd", dict(lr=0.05)),
+           ("sgd-momentum-dampening", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+           ("sgd-nesterov", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.SGD),
+    _entry(gradwise.Adam, torch.optim.Adam, ("adam", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
+           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.Adam),
+    _entry(gradwise.AdamW, torch.optim.AdamW, ("adamw", dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
+           Config("adamw-maximize", dict(lr=0.01, maximize=True), trains=False),
+           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.AdamW),
+    _entry(gradwise.NAdamW, torch.optim.NAdam,
+           ("nadamw", dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3),
+            dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3, decoupled_weight_decay=True)),
+           maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.NAdam,
+           own_defaults=frozenset({"weight_decay", "decoupled_weight_decay"})),  # NAdam with AdamW's decay
+    _entry(gradwise.Lion, _lion, ("lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)), fsdp2=True),
+    _entry(gradwise.ScheduleFreeAdamW, _schedulefree("AdamWScheduleFree"),
+           ("schedule-free-adamw",
+            dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
+           fsdp2=True),
+    _entry(gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
+           ("schedule-free-sgd", dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0,
+                                      weight_lr_power=1.0)),
+           state=False, complex=True, fsdp2=True),
+    _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
+                                          dict(lr=3e-3, num_iterations=50, beta0=0.9)),
+           required=dict(lr=1e-3, num_iterations=100), state=False, fused_backward=False,
+           missing_keywords=frozenset({"state"}), refused={"param_rounding": "stochastic"}),
+    _entry(gradwise.Muon, None, ("muon", dict(lr=0.02, adamw_lr=1e-3)), fused_backward=False,
+           amplifies_state_error=True, torch_counterpart=torch.optim.Muon),
+    _entry(gradwise.Shampoo, None, ("shampoo", dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8)),
+           fused_backward=False, amplifies_state_error=True),
+    _entry(gradwise.SOAP, None, ("soap", dict(lr=0.01, precondition_frequency=2, max_precond_dim=8)),
+           fused_backward=False, amplifies_state_error=True),
+    _entry(gradwise.Adafactor, _adafactor, ("adafactor", dict(lr=0.01, weight_decay=0.1, d=1.5)),
+           maximize_reference=True, torch_counterpart=torch.optim.Adafactor),
+    _entry(gradwise.CAME, _came, ("came", dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),
+           required=dict(lr=1e-3)),
+    _entry(gradwise.AdamMini, None, ("adam-mini", dict(lr=0.01, weight_decay=0.1))),  # tests/test_adam_mini.py
     # updated inside backward (fused_backward=True by default); float64 references in tests/test_lomo.py
-    Case("lomo", gradwise.LOMO, None, dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
-    Case("adalomo", gradwise.AdaLomo, None, dict(lr=0.01, weight_decay=0.01)),
+    _entry(gradwise.LOMO, None, ("lomo", dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
+           required=dict(fused_backward=False), fsdp2=True),
+    _entry(gradwise.AdaLomo, None, ("adalomo", dict(lr=0.01, weight_decay=0.01)), required=dict(fused_backward=False)),
     # unprojected here (the references project only groups that carry "rank"): tests/test_galore.py and
     # tests/test_apollo.py compare the projections step by step, APOLLO-Mini's included
-    Case("galore-adamw", gradwise.GaLoreAdamW, _galore, dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1),
-         compiles=False),
-    Case("apollo", gradwise.APOLLO, _apollo, dict(lr=0.01, eps=1e-7, weight_decay=0.1), compiles=False),
-    Case("apollo-mini", gradwise.APOLLOMini, None, dict(lr=0.01, weight_decay=0.1), compiles=False),
+    _entry(gradwise.GaLoreAdamW, _galore, ("galore-adamw", dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
+           state=False, fused_backward=False),
+    _entry(gradwise.APOLLO, _apollo, ("apollo", dict(lr=0.01, eps=1e-7, weight_decay=0.1)), state=False,
+           fused_backward=False),
+    _entry(gradwise.APOLLOMini, None, ("apollo-mini", dict(lr=0.01, weight_decay=0.1)), state=False,
+           fused_backward=False),
 ]
 
+#: every input configuration of every entry
+CASES = [Case(entry, config) for entry in ENTRIES for config in entry.configs]
+#: one training case per recipe (its last), for the generic tests that need one configuration of each
+ONE_PER_RECIPE = list({c.recipe: c for c in CASES if c.trains}.values())
 #: the cases with a reference optimizer to compare against step by step
 REFERENCED = [c for c in CASES if c.reference is not None]
-#: every recipe class the registry covers, for the generic tests that need a class, not a case.
-RECIPES = list(dict.fromkeys(c.recipe for c in CASES))
-
-#: keyword arguments a recipe cannot do without (Ranger21's lr and step budget, CAME's lr), for generic
-#: tests; LOMO and AdaLomo in their ordinary-step mode, as those tests check what step() does with a
-#: backward's gradients (tests/test_fused_backward.py and tests/test_lomo.py cover the update inside backward).
-REQUIRED = {gradwise.Ranger21: dict(lr=1e-3, num_iterations=100), gradwise.CAME: dict(lr=1e-3),
-            gradwise.LOMO: dict(fused_backward=False), gradwise.AdaLomo: dict(fused_backward=False)}
+#: every recipe class the registry covers, for the generic tests that need a class, not a case
+RECIPES = [e.recipe for e in ENTRIES]
+#: the entry of each recipe class
+ENTRY = {e.recipe: e for e in ENTRIES}
 
 
 def build(recipe, params, **kwargs):
     """``recipe(params, **kwargs)`` with the arguments it requires filled in."""
-    return recipe(params, **{**REQUIRED.get(recipe, {}), **kwargs})
+    return ENTRY[recipe].build(params, **kwargs)

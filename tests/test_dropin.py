@@ -14,13 +14,12 @@ from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
 
 import gradwise
 from tests.models import default_dtype
-from tests.registry import CASES, build
+from tests.registry import CASES, ENTRIES, ENTRY, build
 
-COUNTERPARTS = {gradwise.SGD: torch.optim.SGD, gradwise.Adam: torch.optim.Adam, gradwise.AdamW: torch.optim.AdamW,
-                gradwise.NAdamW: torch.optim.NAdam, gradwise.Adafactor: torch.optim.Adafactor,
-                gradwise.Muon: torch.optim.Muon}
-#: where gradwise's default differs from its counterpart's, on purpose: NAdamW is NAdam with AdamW's decay
-OWN_DEFAULTS = {gradwise.NAdamW: {"weight_decay", "decoupled_weight_decay"}}
+#: the drop-ins: each recipe with the torch.optim optimizer whose keywords and defaults it takes
+COUNTERPARTS = {e.recipe: e.torch_counterpart for e in ENTRIES if e.torch_counterpart is not None}
+#: torch's implementation flags, accepted where the counterpart takes them
+FLAGS = ("foreach", "fused", "differentiable", "capturable")
 
 
 def steps(optimizer, params, n, first=0):
@@ -60,15 +59,16 @@ def test_every_keyword_of_the_torch_counterpart_is_accepted_with_its_default(rec
     positional = [k for k, p in theirs.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
     assert [k for k, p in ours.items() if p.kind is p.POSITIONAL_OR_KEYWORD][:len(positional)] == positional
     differ = {k for k, p in theirs.items() if p.default is not p.empty and ours[k].default != p.default}
-    assert differ <= OWN_DEFAULTS.get(recipe, set()), f"{recipe.__name__} changes torch's defaults of {differ}"
+    assert differ <= ENTRY[recipe].own_defaults, f"{recipe.__name__} changes torch's defaults of {differ}"
 
 
-@pytest.mark.parametrize("recipe", [gradwise.SGD, gradwise.Adam, gradwise.AdamW, gradwise.NAdamW, gradwise.Adafactor],
+@pytest.mark.parametrize("recipe", [r for r, torch_class in COUNTERPARTS.items()
+                                    if set(FLAGS) & set(inspect.signature(torch_class.__init__).parameters)],
                          ids=lambda r: r.__name__)
 def test_torch_implementation_flags(recipe):
     params = [torch.zeros(3, requires_grad=True)]
     takes = inspect.signature(recipe.__init__).parameters
-    for flag in ("foreach", "fused", "differentiable", "capturable"):
+    for flag in FLAGS:
         if flag in takes:
             recipe(params, **{flag: False})  # torch's no-ops are accepted
     if "fused" in takes:

@@ -3,11 +3,19 @@
 one refuses it with the reason."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import gradwise
-from tests.registry import RECIPES, build
+from tests.registry import ENTRIES, RECIPES, build
+
+
+def updates_inside_backward(recipe) -> bool:
+    """The recipes that step inside backward unless told otherwise (``fused_backward=True`` by default)."""
+    parameter = inspect.signature(recipe.__init__).parameters.get("fused_backward")
+    return parameter is not None and parameter.default is True
 
 
 def _matrix(dtype=torch.float32) -> torch.nn.Parameter:
@@ -26,7 +34,8 @@ def test_every_recipe_takes_skip_nonfinite_and_maximize(recipe):
     assert opt.skipped_steps == 1 and torch.equal(p, start)
 
 
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r is not gradwise.Ranger21], ids=lambda r: r.__name__)
+@pytest.mark.parametrize("recipe", [e.recipe for e in ENTRIES if e.bf16 and "param_rounding" not in e.refused],
+                         ids=lambda r: r.__name__)
 def test_every_recipe_writes_bfloat16_parameters_stochastically(recipe):
     """A step far smaller than half a bfloat16 ulp: round-to-nearest writes nothing, stochastic
     rounding moves some elements by one ulp and none by more."""
@@ -51,7 +60,7 @@ def test_ranger21_refuses_stochastic_rounding_with_the_reason():
         gradwise.Ranger21([{"params": [_matrix()], "param_rounding": "stochastic"}], lr=1e-3, num_iterations=10)
 
 
-@pytest.mark.parametrize("recipe", [gradwise.LOMO, gradwise.AdaLomo], ids=lambda r: r.__name__)
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if updates_inside_backward(r)], ids=lambda r: r.__name__)
 def test_skip_nonfinite_inside_backward_is_refused_with_what_to_do(recipe):
     with pytest.raises(ValueError, match=r"skip_nonfinite=True\) needs fused_backward=False"):
         recipe([_matrix()], skip_nonfinite=True)

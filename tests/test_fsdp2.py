@@ -2,13 +2,15 @@
 
 One spawn runs every check, so torch is imported and the process group built once:
 
-* every elementwise recipe steps a sharded MLP (uneven shards, an empty shard, biases) exactly as the
-  same recipe steps an unsharded copy fed the same gradients (eager, and compiled for AdamW);
+* every elementwise recipe (the registry's entries declaring ``fsdp2``) steps a sharded MLP (uneven
+  shards, an empty shard, biases) exactly as the same recipe steps an unsharded copy fed the same
+  gradients (eager, and compiled for AdamW);
 * ``optimizer.state_dict()`` holds the param-shaped state as DTensors sharded like their parameters,
   and a per-rank ``torch.save``/``torch.load(weights_only=True)`` round trip into a fresh sharded
   optimizer resumes bit-identically (for NAdamW also a ``torch.distributed.checkpoint`` round trip);
 * ``skip_nonfinite`` skips the step on every rank when only one rank's shard of the gradient is NaN;
-* Ranger21, which needs whole tensors, raises ``NotImplementedError`` and changes nothing.
+* every recipe that needs whole tensors (the registry's entries without ``fsdp2``; Ranger21 also with
+  MADGRAD and AdaBelief) raises ``NotImplementedError`` and changes nothing.
 
 Failures inside a rank are re-raised here with that rank's traceback; a hung rank is bounded by the
 process group's timeout and by a deadline on the join, after which the ranks are killed.
@@ -27,6 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gradwise import Ranger21
+from tests.registry import ENTRY, ONE_PER_RECIPE
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -43,18 +48,20 @@ COLLECTIVE_TIMEOUT_S = 60
 JOIN_DEADLINE_S = 300
 RTOL, ATOL = 1e-5, 1e-6
 
-# (label, recipe name, keyword arguments, compile); learning rates large enough that 10 steps move
-# every parameter well beyond the tolerance.
-CASES = [
-    ("SGD(nesterov)", "SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01), False),
-    ("Adam", "Adam", dict(lr=0.01, weight_decay=0.01), False),
-    ("AdamW", "AdamW", dict(lr=0.01, weight_decay=0.1), False),
-    ("AdamW[compiled]", "AdamW", dict(lr=0.01, weight_decay=0.1), True),
-    ("NAdamW", "NAdamW", dict(lr=0.01, weight_decay=0.1), False),
-    ("Lion", "Lion", dict(lr=0.003, weight_decay=0.1), False),
-]
+#: the recipes also run compiled (a compile in each rank is what this test's time allows)
+COMPILED = ("AdamW",)
+#: (label, recipe name, keyword arguments, compile): one registry case of each recipe declared to step
+#: FSDP2 shards (tests/registry.py; learning rates large enough that 10 steps move every parameter well
+#: beyond the tolerance), eagerly, and compiled for those in COMPILED
+CASES = [(c.name + ("[compiled]" if compiled else ""), c.recipe.__name__, {**c.entry.required, **c.kwargs}, compiled)
+         for c in ONE_PER_RECIPE if c.entry.fsdp2 for compiled in (False, True)
+         if not compiled or c.recipe.__name__ in COMPILED]
+#: (label, recipe name, keyword arguments) of the recipes that need whole tensors, which refuse shards
+REFUSING = [(c.name, c.recipe.__name__, {**c.entry.required, **c.kwargs}) for c in ONE_PER_RECIPE if not c.entry.fsdp2]
+REFUSING += [("ranger21-" + option, "Ranger21", {**ENTRY[Ranger21].required, option: True})
+             for option in ("use_madgrad", "use_adabelief")]
 #: cases also resumed through torch.distributed.checkpoint (NAdamW: it keeps 0-d state besides "step")
-DCP_CASES = ("NAdamW",)
+DCP_CASES = ("nadamw",)
 
 
 # --------------------------------------------------------------------------- inside each rank
@@ -259,25 +266,25 @@ def _run_skip_nonfinite(rank: int, mesh) -> None:
     assert steps == [2.0] * len(steps), f"{label}: rank {rank} step counts {steps}"
 
 
-def _run_ranger21_refuses(rank: int, mesh) -> None:
-    """Ranger21 reads whole tensors (standard deviations, unit norms) and a mean over every parameter:
-    on shards it raises, naming FSDP2's way out, before anything changes (MADGRAD and AdaBelief too)."""
+def _run_refusals(rank: int, mesh) -> None:
+    """Recipes that read whole tensors (norms, factored moments, matrices, Ranger21's standard deviations
+    and its mean over every parameter) raise on shards, naming what they need, before anything changes."""
     import gradwise
 
     torch.manual_seed(0)
     model = _shard(_mlp(), mesh)
-    for kwargs in ({}, {"use_madgrad": True}, {"use_adabelief": True}):
-        optimizer = gradwise.Ranger21(model.parameters(), lr=1e-3, num_iterations=10, compile=False, **kwargs)
+    for label, recipe, kwargs in REFUSING:
+        optimizer = getattr(gradwise, recipe)(model.parameters(), compile=False, **kwargs)
         _sharded_backward(model, 0, rank)
         before = [p.to_local().clone() for p in model.parameters()]
         try:
             optimizer.step()
         except NotImplementedError as error:
-            assert "FSDP2" in str(error) and "whole tensors" in str(error), str(error)
+            assert "FSDP2" in str(error) and "whole tensors" in str(error), f"{label}: {error}"
         else:
-            raise AssertionError(f"Ranger21({kwargs}) stepped on DTensor shards")
-        assert all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
-        assert not optimizer.state or all(float(st.get("step", 0)) == 0 for st in optimizer.state.values())
+            raise AssertionError(f"{label} stepped on DTensor shards")
+        assert all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters())), label
+        assert not optimizer.state or all(float(st.get("step", 0)) == 0 for st in optimizer.state.values()), label
         optimizer.zero_grad()
 
 
@@ -303,7 +310,7 @@ def _worker(rank: int, port: int, directory: str) -> None:
                     error.add_note(f"(rank {rank}, case {case[0]})")
                 raise
         _run_skip_nonfinite(rank, mesh)
-        _run_ranger21_refuses(rank, mesh)
+        _run_refusals(rank, mesh)
     finally:
         dist.destroy_process_group()
 

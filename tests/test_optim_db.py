@@ -22,12 +22,11 @@ from torch.testing._internal.common_optimizers import (  # needs expecttest, in 
     optim_db,
 )
 
-import gradwise
 from tests.models import default_dtype, regression_batch
+from tests.registry import ENTRIES
 
-COUNTERPARTS = {torch.optim.SGD: gradwise.SGD, torch.optim.Adam: gradwise.Adam, torch.optim.AdamW: gradwise.AdamW,
-                torch.optim.NAdam: gradwise.NAdamW, torch.optim.Adafactor: gradwise.Adafactor,
-                torch.optim.Muon: gradwise.Muon}
+#: each torch.optim optimizer with the recipe that is its drop-in (tests/registry.py)
+COUNTERPARTS = {e.torch_counterpart: e.recipe for e in ENTRIES if e.torch_counterpart is not None}
 #: configurations gradwise refuses, by the flag that asks for them, and why
 UNSUPPORTED = {"differentiable": "gradwise steps under torch.no_grad and updates parameters and state in place"}
 STEPS = 20

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import io
 import warnings
 
@@ -12,32 +11,22 @@ import torch
 import gradwise
 from bench._memory_recipe_quality import held_out_loss
 from gradwise.state import StatePolicy
-from tests.registry import CASES, RECIPES, build
+from tests.registry import CASES, ENTRIES, ONE_PER_RECIPE, build
 
 CODECS = ["bf16", "int8", "int4"]
 #: how far from the float32 trajectory a codec may drift in 15 steps, relative to how far it moved.
 DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6}
-#: recipes whose step amplifies a small error of the state: Newton-Schulz lifts every singular value
-#: of the momentum to about 1, preconditioners divide by small eigenvalues. Their trajectories part
-#: from float32's faster than the drift bound allows; their loss is checked instead (below).
-AMPLIFYING = (gradwise.Muon, gradwise.Shampoo, gradwise.SOAP)
+#: one case per recipe that keeps encoded state (its last registry case: SGD with Nesterov momentum)
+STATE_CASES = [c for c in ONE_PER_RECIPE if c.entry.state]
 
 
-def takes_state(recipe) -> bool:
-    """Recipes that offer ``state=``: every one whose step runs one parameter at a time."""
-    return "state" in inspect.signature(recipe.__init__).parameters
-
-
-#: one case per recipe that offers state= (its last registry case: SGD with Nesterov momentum)
-STATE_CASES = list({c.recipe: c for c in CASES if c.trains and takes_state(c.recipe)}.values())
-#: recipes that cannot keep encoded state (ScheduleFreeSGD: its only buffer is a copy of the weights):
-#: their signatures leave state= out, and it raises
-REFUSING = [gradwise.ScheduleFreeSGD, gradwise.GaLoreAdamW, gradwise.APOLLO, gradwise.APOLLOMini, gradwise.Ranger21]
-
-
-#: compiled against eager below: the chains that are not AdamW's elementwise kind (SGD, Adam, NAdamW and
-#: Lion compile as AdamW does, tested with every codec above; LOMO keeps no state)
-COMPILED_NEW = (gradwise.ScheduleFreeAdamW, gradwise.Adafactor, gradwise.CAME, gradwise.AdamMini, gradwise.AdaLomo)
+def unlike_adamw(entry) -> bool:
+    """One chain (a single route) that compiles and is not of AdamW's elementwise kind: it reads whole
+    tensors (factored moments) or keeps a copy of the weights (Schedule-Free's z). (SGD, Adam, NAdamW
+    and Lion compile as AdamW does, tested with every codec; Muon's routes:
+    test_routed_chain_compiled_equals_eager_with_int8_state.)"""
+    chain, *others = entry.chains
+    return not others and entry.compiles and not (chain.elementwise and not chain.weights_like)
 
 
 def make(case, params, **kwargs):
@@ -68,13 +57,8 @@ def train(opt, net, steps, start=0):
     return [p.detach().clone() for p in net.parameters()]
 
 
-def test_every_recipe_but_the_refusing_ones_offers_state():
-    offered = {c.recipe for c in CASES if takes_state(c.recipe)}
-    assert offered == set(RECIPES) - set(REFUSING)
-
-
 @pytest.mark.parametrize("state", CODECS)
-@pytest.mark.parametrize("case", [c for c in CASES if c.trains and takes_state(c.recipe)], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if c.trains and c.entry.state], ids=lambda c: c.name)
 def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
     start = [p.detach().clone() for p in model().parameters()]
     net = model()
@@ -89,7 +73,7 @@ def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
         assert any(k.startswith(f"{key}@{tag}.") for k in opt.state[weight]), key
     assert not param_shaped(opt, weight), "a buffer shaped like the parameter stayed float32"
     assert all("@" not in k for k in opt.state[bias]), "tensors under 4096 elements stay float32"
-    if case.recipe in AMPLIFYING:
+    if case.entry.amplifies_state_error:  # their trajectories part faster: their loss is held instead (below)
         return
     for a, b, s in zip(ours, fp32, start):
         moved = (b - s).norm()
@@ -198,14 +182,8 @@ def test_lookahead_keeps_the_wrapped_optimizers_state_format():
     assert not param_shaped(opt, net[0].weight), "the slow weights alone stay float32"
 
 
-@pytest.mark.parametrize("recipe", REFUSING, ids=lambda r: r.__name__)
-def test_recipes_that_cannot_encode_state_say_so(recipe):
-    with pytest.raises(TypeError, match=rf"{recipe.__name__}\(\) does not take state='int8'.*take state=: .*AdamW"):
-        build(recipe, model().parameters(), state="int8")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [r.__name__ for r in AMPLIFYING])
+@pytest.mark.parametrize("recipe", [e.name for e in ENTRIES if e.amplifies_state_error])
 def test_amplifying_recipes_lose_little_with_bf16_and_int8_state(recipe):
     """Mean held-out loss over 3 seeds after 150 steps, relative to float32 state: the issue's bounds
     for AdamW (bf16 1%, int8 3%). (int4 is not bounded here: 4-bit momentum cost Muon and SOAP 1.7x.)"""
@@ -411,7 +389,7 @@ def test_compiled_equals_eager_with_encoded_state(state):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in STATE_CASES if c.recipe in COMPILED_NEW], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in STATE_CASES if unlike_adamw(c.entry)], ids=lambda c: c.name)
 def test_every_recipe_compiled_equals_eager_with_int8_state(case):
     assert_int8_runs_agree(*eager_and_compiled(
         lambda params, compile: case.recipe(params, compile=compile, state="int8", **case.kwargs), steps=2))

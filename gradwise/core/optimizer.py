@@ -33,6 +33,7 @@ from gradwise.core.state_check import (
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
 from gradwise.state.engine import EncodedState, refusal
+from gradwise.state.policy import policy_from
 from gradwise.state.store import has_buffer, seed
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
@@ -66,11 +67,8 @@ class Optimizer(torch.optim.Optimizer):
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             allowed = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][1:]
             unknown = [f"{k}={v!r}" for k, v in kwargs.items() if k not in allowed]
-            if "state" in kwargs and "state" not in allowed and kwargs["state"] is not None:
-                reason = getattr(cls, "state_refusal", "its step does not run one parameter at a time on the"
-                                 " chain's own state, as encoded state needs")
-                raise TypeError(f"{cls.__name__}() does not take state={kwargs['state']!r}: {reason}."
-                                f" Recipes that take state=: {', '.join(takes_state())}")
+            if "state" in kwargs and "state" not in allowed and policy_from(kwargs["state"]) is not None:
+                raise state_refused(cls, kwargs["state"], getattr(cls, "state_refusal", None), "no state= at all")
             if unknown:
                 raise TypeError(f"{cls.__name__}() got unknown keyword argument(s) {', '.join(unknown)};"
                                 f" allowed: {allowed}")
@@ -115,9 +113,7 @@ class Optimizer(torch.optim.Optimizer):
         self._encoded = EncodedState.from_argument(state, transform)
         reason = refusal(self, transform) if self._encoded.policy is not None else None
         if reason:
-            raise ValueError(f"invalid state={state!r} for {type(self).__name__}: {reason}, and encoded state"
-                             " runs one parameter at a time; keep this optimizer's state in float32 (state=None)."
-                             f" Recipes that take state=: {', '.join(takes_state())}")
+            raise state_refused(type(self), state, reason)
         super().__init__(params, defaults)
         self._encoded.check(self.param_groups)
         self.register_state_dict_post_hook(save_counters)
@@ -419,8 +415,18 @@ def _is_compile_error(error: Exception) -> bool:
 
 
 def takes_state() -> list[str]:
-    """The recipes whose signature offers ``state=`` (for error messages)."""
+    """The recipes that keep encoded state: their signature offers ``state=`` and they declare no
+    ``state_refusal`` (for error messages)."""
     import gradwise.recipes as recipes
 
     kinds = (getattr(recipes, name) for name in sorted(recipes.__all__))
-    return [k.__name__ for k in kinds if isinstance(k, type) and "state" in inspect.signature(k.__init__).parameters]
+    return [k.__name__ for k in kinds if isinstance(k, type) and "state" in inspect.signature(k.__init__).parameters
+            and not getattr(k, "state_refusal", None)]
+
+
+def state_refused(cls: type, state: Any, reason: str | None, allowed: str = "state=None (its state as computed)"
+                  ) -> TypeError:
+    """The one error of a recipe that keeps no encoded state, asked for some."""
+    reason = reason or "its step does not run one parameter at a time on the chain's own state, as encoded state needs"
+    return TypeError(f"{cls.__name__}() does not take state={state!r}: {reason}; allowed: {allowed}."
+                     f" Recipes that take state=: {', '.join(takes_state())}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
+from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.transforms.adam import scale_by_adam_moments, scale_by_bias_correction
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.learning_rate import scale_by_learning_rate
@@ -32,17 +33,20 @@ class APOLLO(Optimizer):
 
     State per projected m x n matrix (m >= n): two m x r moments, a 0-d seed and a 0-d norm; the
     projection is redrawn from the seed, never stored (``proj="svd"`` stores its basis, as GaLore).
+    It keeps no encoded state (``state=None`` only; ``state_refusal`` says why).
     """
+
+    state_refusal = GaLoreAdamW.state_refusal  # the same low-rank moments
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=None, update_proj_gap=200, scale=1.0, proj_type="std", scale_type="channel", proj="random",
                  scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto",
-                 param_rounding="nearest"):
+                 state=None, param_rounding="nearest"):
         super().__init__(params, _chain(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          correct_bias=correct_bias, rank=rank, update_proj_gap=update_proj_gap, scale=scale,
                          proj_type=proj_type, scale_type=scale_type, proj=proj, scale_front=scale_front,
                          disable_nl=disable_nl, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-                         param_rounding=param_rounding)
+                         state=state, param_rounding=param_rounding)
 
 
 class APOLLOMini(APOLLO):
@@ -56,9 +60,9 @@ class APOLLOMini(APOLLO):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=1, update_proj_gap=200, scale=128.0, proj_type="std", scale_type="tensor", proj="random",
                  scale_front=False, disable_nl=False, *, maximize=False, skip_nonfinite=False, compile="auto",
-                 param_rounding="nearest"):
+                 state=None, param_rounding="nearest"):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias,
                          rank=rank, update_proj_gap=update_proj_gap, scale=scale, proj_type=proj_type,
                          scale_type=scale_type, proj=proj, scale_front=scale_front, disable_nl=disable_nl,
-                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
+                         maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile, state=state,
                          param_rounding=param_rounding)

@@ -28,15 +28,20 @@ class GaLoreAdamW(Optimizer):
     Differences from galore-torch: the SVD of a float64 gradient is taken in float64 (galore-torch
     takes it in float32); a rank above min(m, n) raises instead of shrinking silently; reverse_std
     with rank = min(m, n) < max(m, n) projects back correctly (galore-torch's shape test mixes sides there).
+    It keeps no encoded state (``state=None`` only; ``state_refusal`` says why).
     """
+
+    state_refusal = ("a projected matrix's moments have the projection's shape, not the parameter's, and a codec"
+                     " stores only buffers shaped like their parameter: the state it exists to shrink would stay"
+                     " float32")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
                  rank=None, update_proj_gap=200, scale=1.0, proj_type="std", *,
-                 maximize=False, skip_nonfinite=False, compile="auto",
+                 maximize=False, skip_nonfinite=False, compile="auto", state=None,
                  param_rounding="nearest"):
         transform = chain(project_low_rank(scale_by_adam_moments()), scale_by_bias_correction(),
                           scale_by_learning_rate(), decay_stepped_weights())
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          correct_bias=correct_bias, rank=rank, update_proj_gap=update_proj_gap, scale=scale,
                          proj_type=proj_type, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
-                         param_rounding=param_rounding)
+                         state=state, param_rounding=param_rounding)

@@ -32,20 +32,20 @@ class ScheduleFreeSGD(Optimizer):
     """Schedule-Free SGD; equals ``schedulefree.SGDScheduleFree`` step by step.
 
     d = g + wd y;  y <- (1-c) y + c z + lr (momentum (1-c) - 1) d;  z <- z - lr d  (``eval()``/``train()`` as above).
-    It takes no ``state=``: its one buffer, z, is a second copy of the weights, which stays at the
-    parameters' precision (int8 or bf16 rounding of z is rounding of the weights).
+    It keeps no encoded state (``state=None`` only): its one buffer, z, is a second copy of the weights,
+    which stays at the parameters' precision (int8 or bf16 rounding of z is rounding of the weights).
     """
 
     state_refusal = ("its one state buffer, z, is a second copy of the weights, kept at the parameters' precision"
                      " (rounding z to int8 or bf16 would round the weights); there is nothing to store smaller")
 
     def __init__(self, params, lr=1.0, momentum=0.9, weight_decay=0.0, warmup_steps=0, r=0.0, weight_lr_power=2.0,
-                 *, maximize=False, skip_nonfinite=False, compile="auto",
+                 *, maximize=False, skip_nonfinite=False, compile="auto", state=None,
                  param_rounding="nearest"):
         transform = chain(add_decayed_weights(), scale_by_schedule_free("momentum"))
         super().__init__(params, transform, lr=lr, momentum=momentum, weight_decay=weight_decay,
                          warmup_steps=warmup_steps, r=r, weight_lr_power=weight_lr_power, maximize=maximize,
-                         skip_nonfinite=skip_nonfinite, compile=compile,
+                         skip_nonfinite=skip_nonfinite, compile=compile, state=state,
                          param_rounding=param_rounding)
 
 

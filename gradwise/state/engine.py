@@ -164,8 +164,11 @@ def refusal(optimizer: torch.optim.Optimizer, transform: Transform) -> str | Non
     from gradwise.core.optimizer import Optimizer
 
     kind = type(optimizer)
+    if getattr(kind, "state_refusal", None):  # the recipe's own reason (ScheduleFreeSGD: z is the weights' copy)
+        return kind.state_refusal
     if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
-        return f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs"
+        return (f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs, and encoded"
+                " state runs one parameter at a time")
     return None
 
 
