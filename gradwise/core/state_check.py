@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.params import DTensor, param_label
-from gradwise.state.codec import codec_from
-from gradwise.state.store import MARK, layout, parts_of
+from gradwise.core.state_keys import MARK, layout, parts_of
 
 #: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
 TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -155,10 +154,9 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
         out[key] = _buffer(saved_state[key], label, key, shape, dtype, key in nonnegative)
     for buffer, tag in encoded:
         shape, dtype = expected[buffer]
-        codec = codec_from(tag)
         signed = buffer not in nonnegative
         parts = parts_of(saved_state, buffer, tag)
-        for part, want in codec.empty(shape, signed, torch.device("meta")).items():
+        for part, want in optimizer.storage.expected_parts(tag, shape, signed).items():
             have = parts.get(part)
             if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
                 raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"
