@@ -7,7 +7,7 @@ from gradwise.bench_step import COPY_MB
 
 
 def console(stderr: bool = False):
-    """A rich console (the caller has checked ``gradwise._extras.require(..., "cli")``)."""
+    """A rich console (the caller has checked ``gradwise.extras.require(..., "cli")``)."""
     from rich.console import Console
 
     out = Console(stderr=stderr, log_path=False)  # progress lines without the source location
@@ -17,7 +17,7 @@ def console(stderr: bool = False):
 @contextlib.contextmanager
 def progress(script: str, total: int, what: str):
     """A progress bar on stderr for ``total`` units of ``what``; yields the function that advances it by one."""
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     require(script, "cli")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -288,7 +288,7 @@ def cpu_model() -> str:
 
 
 def run(args) -> int:
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     require("gradwise bench step", "cli")
     from gradwise.bench_report import console, render

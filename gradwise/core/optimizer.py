@@ -184,10 +184,6 @@ class Optimizer(torch.optim.Optimizer):
         put_back_uncast(self, state_dict)
         self.storage.after_load(self, state_dict)
 
-    def _validate(self, group: dict[str, Any]) -> None:
-        for key, spec in self.hyper_specs.items():
-            spec.validate(key, group[key])
-
     def _check_inputs(self) -> None:
         """Before anything changes, for every group (``state_check.check_step``): hyperparameters,
         gradients (dense, shaped, typed and placed as their parameter), whether the chain accepts

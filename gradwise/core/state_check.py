@@ -48,11 +48,17 @@ def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
                  for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
 
 
+def check_hyperparameters(optimizer, group: Mapping[str, Any]) -> None:
+    """Every hyperparameter the optimizer reads, as ``group`` holds it now (a scheduler may have set it)."""
+    for key, spec in optimizer.hyper_specs.items():
+        spec.validate(key, group[key])
+
+
 def check_step(optimizer) -> None:
     """Everything a step can check before its first write, for every group: hyperparameters, each
     gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
     for index, group in enumerate(optimizer.param_groups):
-        optimizer._validate(group)
+        check_hyperparameters(optimizer, group)
         transform = optimizer.transform.for_group(group)
         resolved = (transform, shape_signature(optimizer, group))
         for p in group["params"]:
