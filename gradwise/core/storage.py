@@ -33,6 +33,7 @@ from gradwise.core.transform import Transform
 #: keeps float32 and reads encoded checkpoints.
 StorageFactory = Callable[[Any, Transform], Any]
 
+#: filled by ``register_storage`` when the package (``gradwise/__init__``, above every layer) is imported
 _registered: dict[str, Callable] = {}
 
 
@@ -45,24 +46,18 @@ def register_storage(factory: StorageFactory, offered_by: Callable[[], list[str]
 def storage_for(state: Any, transform: Transform) -> Any:
     """The storage for an optimizer's ``state=`` argument: ``PlainStorage`` for ``None``, else the
     registered one."""
-    return PlainStorage(transform) if state is None else _factory()(state, transform)
+    return PlainStorage(transform) if state is None else _registered["factory"](state, transform)
 
 
 def optimizers_taking_state() -> list[str]:
     """The names of the optimizers that take ``state=`` (as the registered storage says)."""
-    return _registered["offered_by"]() if "offered_by" in _registered else []
-
-
-def _factory() -> StorageFactory:
-    if "factory" not in _registered:
-        raise RuntimeError("encoded optimizer state needs a storage registered with"
-                           " gradwise.core.storage.register_storage (importing gradwise registers gradwise.state's)")
-    return _registered["factory"]
+    return _registered["offered_by"]()
 
 
 class PlainStorage:
     """Every buffer stored as the chain computes it (float32, or what ``init`` chose). An encoded
-    checkpoint loads into it through the registered storage, decoded to float32 buffers."""
+    checkpoint loads into it through the registered storage, decoded to float32 buffers. It has no
+    ``run``: nothing it holds is encoded."""
 
     policy = None
     compile_stats = (0, 0.0)
@@ -100,5 +95,5 @@ class PlainStorage:
 
     def _encoded_reader(self):
         if self._reader is None:
-            self._reader = _factory()(None, self.transform)
+            self._reader = _registered["factory"](None, self.transform)
         return self._reader
