@@ -9,7 +9,7 @@ from gradwise.console import console
 @contextlib.contextmanager
 def progress(script: str, total: int, what: str):
     """A progress bar on stderr for ``total`` units of ``what``; yields the function that advances it by one."""
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     require(script, "cli")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -43,7 +43,7 @@ WTE_25M = 50257 * 384  # the 25m set's token embedding
 def measure(numel: int = WTE_25M, rounds: int = 7, log=print) -> dict:
     import torch
 
-    from gradwise.state.bf16 import hash32, unsigned
+    from gradwise.core.hashing import hash32, unsigned
     from gradwise.state.maps import code_map
 
     torch.set_num_threads(1)

@@ -251,7 +251,7 @@ def _load(values) -> str:
 
 
 def run(args) -> int:
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     require("gradwise bench step", "cli")
     from gradwise.console import console

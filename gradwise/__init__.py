@@ -7,59 +7,41 @@ behind a drop-in ``torch.optim.Optimizer``::
     optimizer = AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
 or by name, from a config: ``gradwise.create("adamw", model, lr=3e-4, weight_decay_exclude=True)``.
+
+The public names below are imported on first use (PEP 562), so that importing one layer
+(``gradwise.core.transform``) loads that layer only; subpackages (``gradwise.recipes``) load the same way.
 """
-from gradwise.by_name import create, optimizer_class, optimizer_names
-from gradwise.core.fused_backward import fused_backward
-from gradwise.core.hyper import Hyper
-from gradwise.core.optimizer import Optimizer
-from gradwise.core.transform import Chain, Context, Transform, chain
-from gradwise.recipes import (
-    CAME,
-    LOMO,
-    SGD,
-    SOAP,
-    Adafactor,
-    AdaLomo,
-    Adam,
-    AdamMini,
-    AdamW,
-    Lion,
-    Lookahead,
-    Muon,
-    NAdamW,
-    Ranger21,
-    ScheduleFreeAdamW,
-    ScheduleFreeSGD,
-    Shampoo,
-    schedule_free,
-)
-from gradwise.recipes.apollo import APOLLO, APOLLOMini
-from gradwise.recipes.galore import GaLoreAdamW
-from gradwise.state import StatePolicy
-from gradwise.state.estimate import estimate
-from gradwise.transforms import (
-    add_decayed_weights,
-    lookahead,
-    orthogonalize_by_newton_schulz,
-    route,
-    scale_by_adam,
-    scale_by_learning_rate,
-    scale_by_lion,
-    scale_by_madgrad,
-    scale_by_nadam,
-    scale_by_rms,
-    scale_by_schedule_free,
-    scale_by_shampoo,
-    scale_by_shape,
-    scale_by_soap,
-    skip_nonfinite,
-    trace,
-    trace_ema,
-)
-from gradwise.transforms.apollo import scale_by_apollo
-from gradwise.transforms.low_rank import project_low_rank
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gradwise.core.storage import register_storage
 
 __version__ = "0.1.0"
+
+#: the module each public name is imported from.
+_EXPORTS = {
+    "gradwise.by_name": ("create", "optimizer_class", "optimizer_names"),
+    "gradwise.core.fused_backward": ("fused_backward",),
+    "gradwise.core.hyper": ("Hyper",),
+    "gradwise.core.optimizer": ("Optimizer",),
+    "gradwise.core.transform": ("Chain", "Context", "Transform", "chain"),
+    "gradwise.recipes": ("CAME", "LOMO", "SGD", "SOAP", "Adafactor", "AdaLomo", "Adam", "AdamMini", "AdamW", "Lion",
+                         "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo",
+                         "schedule_free"),
+    "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
+    "gradwise.recipes.galore": ("GaLoreAdamW",),
+    "gradwise.state": ("StatePolicy",),
+    "gradwise.state.estimate": ("estimate",),
+    "gradwise.transforms": ("add_decayed_weights", "lookahead", "orthogonalize_by_newton_schulz", "route",
+                            "scale_by_adam", "scale_by_learning_rate", "scale_by_lion", "scale_by_madgrad",
+                            "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free", "scale_by_shampoo",
+                            "scale_by_shape", "scale_by_soap", "skip_nonfinite", "trace", "trace_ema"),
+    "gradwise.transforms.apollo": ("scale_by_apollo",),
+    "gradwise.transforms.low_rank": ("project_low_rank",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW", "Chain", "Context", "Hyper", "Lion", "Lookahead", "Muon",
@@ -74,3 +56,40 @@ __all__ = [
 __all__ += ["create", "optimizer_class", "optimizer_names"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, or a submodule, imported on first use and kept."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _encoded_storage(state: Any, transform: Any) -> Any:
+    """``Optimizer(state=...)``'s storage: ``gradwise.state``'s encoded one. Registered here, in the
+    package above every layer, and imported when first asked for: core, the bottom layer, never
+    imports state."""
+    from gradwise.state.engine import EncodedState
+
+    return EncodedState.from_argument(state, transform)
+
+
+def _recipes_taking_state() -> list[str]:
+    from gradwise.recipes import takes_state
+
+    return takes_state()
+
+
+register_storage(_encoded_storage, _recipes_taking_state)

@@ -6,7 +6,7 @@
     gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation
 
 torch, rich and the benchmark are imported only by the subcommand that runs; a subcommand whose optional
-dependencies are missing names the extra to install (``gradwise._extras``).
+dependencies are missing names the extra to install (``gradwise.extras``).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def wrapper_table() -> list[dict[str, str]]:
 
 
 def _list() -> int:
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     require("gradwise list", "cli")
     from rich.table import Table

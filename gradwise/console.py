@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def console(stderr: bool = False):
-    """A rich console (the caller has checked ``gradwise._extras.require(..., "cli")``); 160 columns
+    """A rich console (the caller has checked ``gradwise.extras.require(..., "cli")``); 160 columns
     wide when the output is not a terminal."""
     from rich.console import Console
 

@@ -89,7 +89,7 @@ def test_estimate_bf16_parameters_keep_float32_moments(capsys):
 
 
 def test_extras_name_what_pyproject_installs():
-    from gradwise._extras import DISTRIBUTIONS, EXTRAS
+    from gradwise.extras import DISTRIBUTIONS, EXTRAS
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for extra, modules in EXTRAS.items():

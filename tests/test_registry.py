@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.core.optimizer import takes_state
+from gradwise.recipes import takes_state
 from gradwise.core.transform import uses
 from tests.registry import ENGINE_KEYWORDS, ENTRIES, ENTRY
 
@@ -107,7 +107,7 @@ def _took_effect(optimizer, keyword):
             "maximize": lambda: group["maximize"] is True,
             "skip_nonfinite": lambda: uses(optimizer.transform, "skip_step"),
             "compile": lambda: optimizer.compile is False,
-            "state": lambda: optimizer._encoded.policy is not None}[keyword]()
+            "state": lambda: optimizer.storage.policy is not None}[keyword]()
 
 
 @pytest.mark.parametrize("keyword", ENGINE_KEYWORDS)

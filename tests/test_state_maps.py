@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradwise.state.bf16 import hash32, unsigned
+from gradwise.core.hashing import hash32, unsigned
 from gradwise.state.maps import code_map, dynamic_map, linear_map
 
 MAPS = [("dynamic", 8, True), ("dynamic", 8, False), ("dynamic", 4, True), ("dynamic", 4, False),

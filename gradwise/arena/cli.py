@@ -254,7 +254,7 @@ COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targe
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
-    from gradwise._extras import require
+    from gradwise.extras import require
 
     if args.arena_command is None:
         parser.error("missing arena command: choose from run, score, report, set-targets, list, delete-study")

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from torch import Tensor
 
-from gradwise.core.executor import Layout, _flat_alias, _flattenable, rounding_rows, run_chain
+from gradwise.core.executor import Layout, flat_alias, flattenable, rounding_rows, run_chain
 from gradwise.core.transform import Transform
 
 #: elements per piece: 64K float32 elements make 256 KiB temporaries, which stay in L2.
@@ -45,8 +45,8 @@ def run_eager(
         if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
             pieces = [(p, g, dict(state), seed, 0)]
         else:
-            flat_p, flat_g = _flat_alias(p), _flat_alias(g)
-            flat_state = {k: _flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
+            flat_p, flat_g = flat_alias(p), flat_alias(g)
+            flat_state = {k: flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
             pieces = [(flat_p[piece], flat_g[piece],
                        {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()},
                        seed, piece.start)
@@ -72,7 +72,7 @@ def _sliceable(transform: Transform, p: Tensor, g: Tensor, state: Mapping[str, T
         transform.elementwise
         and p.numel() > 0
         and all(v.shape == p.shape or v.dim() == 0 for v in state.values())
-        and _flattenable(p, g, state)
+        and flattenable(p, g, state)
     )
 
 

@@ -111,7 +111,7 @@ class CompiledStep:
         self.compile_seconds = 0.0
         self.done = 0
         self._compiled_for: set[tuple] = set()
-        fn = _private_copy(run_chain)
+        fn = private_copy(run_chain)
         self._flatten = transform.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
@@ -125,13 +125,13 @@ class CompiledStep:
         return compile_fx(gm, example_inputs)
 
     def _flat(self, t: Tensor) -> Tensor:
-        """``_flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
+        """``flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
         key = id(t)
         entry = self._aliases.get(key)
         if (entry is not None and entry[0]() is t and entry[1].data_ptr() == t.data_ptr()
                 and entry[1].numel() == t.numel()):
             return entry[1]
-        flat = _flat_alias(t)
+        flat = flat_alias(t)
         self._aliases[key] = (weakref.ref(t, lambda _, key=key: self._aliases.pop(key, None)), flat)
         return flat
 
@@ -141,7 +141,7 @@ class CompiledStep:
         parameter whose memory is not one dense run shared by its grad and state."""
         if p.numel() < 2:
             return False
-        return not self._flatten or _flattenable(p, g, state)
+        return not self._flatten or flattenable(p, g, state)
 
     def __call__(self, params, grads, states, values: Tensor, layout, static, seeds=None) -> int:
         """Step the parameters (``accepts`` must have said yes to each). ``done`` counts the ones
@@ -161,7 +161,7 @@ class CompiledStep:
         if self._flatten:
             states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
                       for p, st in zip(params, states)]
-            params, grads = [self._flat(p) for p in params], [_flat_alias(g) for g in grads]
+            params, grads = [self._flat(p) for p in params], [flat_alias(g) for g in grads]
         else:
             # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
             params = [p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
@@ -187,7 +187,7 @@ class CompiledStep:
                         params[0].dtype, params[0].device, seconds)
 
 
-def _flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
+def flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
     """True when param, grad and every param-shaped state buffer are dense runs of memory laid out
     alike (contiguous, or permuted the same way), so elementwise math can treat them as 1-D."""
     if not _dense(p):
@@ -205,7 +205,7 @@ def _dense(t: Tensor) -> bool:
     return True
 
 
-def _flat_alias(t: Tensor) -> Tensor:
+def flat_alias(t: Tensor) -> Tensor:
     """A 1-D tensor over the same memory as the dense tensor ``t``, in memory order.
 
     Not a view (``t.view(-1)``): a view carries its ``_base``, and dynamo guards on the base's shape,
@@ -214,6 +214,8 @@ def _flat_alias(t: Tensor) -> Tensor:
     return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
 
 
-def _private_copy(fn: types.FunctionType) -> types.FunctionType:
+def private_copy(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with a code object (and name) of its own: dynamo keys its caches and recompile limit by code
+    object, so each compiled step that compiles a private copy has its own budget."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{id(object())}")
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)

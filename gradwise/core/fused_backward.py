@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gradwise.core.params import DTensor, param_label
+from gradwise.core.state_check import check_hyperparameters
 from gradwise.core.transform import uses
 
 #: parameter -> the handle whose hook updates it, so that two optimizers never both step one tensor.
@@ -75,11 +76,11 @@ class FusedBackward:
     @torch.no_grad()
     def _step_parameter(self, p: Tensor) -> None:
         optimizer = self.optimizer
-        if optimizer.mode == "eval" and optimizer._has_modes():
+        if optimizer.mode == "eval" and uses(optimizer.transform, "set_mode"):
             raise RuntimeError(f"{type(optimizer).__name__}: backward() in eval mode with fused_backward(): the"
                                " parameters hold the evaluation point; call optimizer.train() first")
         group = self._group_of(p)
-        optimizer._validate(group)
+        check_hyperparameters(optimizer, group)
         if p.grad.is_sparse:
             raise TypeError(f"{self._label(p)} has a sparse gradient; gradwise optimizers need dense gradients")
         optimizer._run_bucket(group, [p])

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, pack
+from gradwise.core.hashing import seed
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
 from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
 from gradwise.core.rounding import check_rounding, rounds_stochastically
@@ -30,11 +31,10 @@ from gradwise.core.state_check import (
     put_back_uncast,
     save_counters,
 )
+from gradwise.core.state_keys import has_buffer
+from gradwise.core.storage import optimizers_taking_state, storage_for
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, state_dtype, uses
-from gradwise.state.engine import EncodedState, refusal
-from gradwise.state.policy import policy_from
-from gradwise.state.store import has_buffer, seed
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
 _REBUILT = ("_compiled", "_positions")
@@ -67,7 +67,7 @@ class Optimizer(torch.optim.Optimizer):
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             allowed = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][1:]
             unknown = [f"{k}={v!r}" for k, v in kwargs.items() if k not in allowed]
-            if "state" in kwargs and "state" not in allowed and policy_from(kwargs["state"]) is not None:
+            if "state" in kwargs and "state" not in allowed and kwargs["state"] is not None:
                 raise state_refused(cls, kwargs["state"], getattr(cls, "state_refusal", None), "no state= at all")
             if unknown:
                 raise TypeError(f"{cls.__name__}() got unknown keyword argument(s) {', '.join(unknown)};"
@@ -110,12 +110,12 @@ class Optimizer(torch.optim.Optimizer):
         self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: dict[Transform, CompiledStep] = {}  # one per chain that runs (one per route)
-        self._encoded = EncodedState.from_argument(state, transform)
-        reason = refusal(self, transform) if self._encoded.policy is not None else None
+        self.storage = storage_for(state, transform)  # where state buffers live: float32, or encoded
+        reason = _encoded_state_refusal(type(self)) if self.storage.policy is not None else None
         if reason:
             raise state_refused(type(self), state, reason)
         super().__init__(params, defaults)
-        self._encoded.check(self.param_groups)
+        self.storage.check(self.param_groups)
         self.register_state_dict_post_hook(save_counters)
         self.register_load_state_dict_pre_hook(load_counters)
 
@@ -123,15 +123,11 @@ class Optimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         """What ``copy.deepcopy`` and ``pickle`` keep: torch's defaults, state and param groups, and all
         that makes this optimizer step as it does (transform, hyper_specs, mode, skipped_steps, compile,
-        a recipe's own settings). Left behind, as torch leaves them: the hooks (ours are registered
-        again); and what is rebuilt on first use: compiled graphs and cached positions."""
-        kept = {k: v for k, v in self.__dict__.items() if k not in _REBUILT and not k.startswith("_optimizer_")}
-        kept["_encoded"] = self._encoded.policy
-        return kept
+        a recipe's own settings, the storage's policy). Left behind, as torch leaves them: the hooks (ours
+        are registered again); and what is rebuilt on first use: compiled graphs and cached positions."""
+        return {k: v for k, v in self.__dict__.items() if k not in _REBUILT and not k.startswith("_optimizer_")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        policy = state.pop("_encoded", None)
         had_flag = "differentiable" in (state.get("defaults") or self.__dict__.get("defaults", {}))
         super().__setstate__(state)  # torch's load_state_dict puts state and param_groups back through here too
         if not had_flag:  # torch's __setstate__ adds it to defaults; gradwise has no such hyperparameter
@@ -139,7 +135,6 @@ class Optimizer(torch.optim.Optimizer):
         if "transform" not in state:
             return
         self._compiled = {}
-        self._encoded = EncodedState(policy, self.transform)
         self.register_state_dict_post_hook(save_counters)
         self.register_load_state_dict_pre_hook(load_counters)
 
@@ -182,11 +177,7 @@ class Optimizer(torch.optim.Optimizer):
             for key, value in group_defaults(self).items():
                 group.setdefault(key, value)
         put_back_uncast(self, state_dict)
-        self._encoded.after_load(self, state_dict)
-
-    def _validate(self, group: dict[str, Any]) -> None:
-        for key, spec in self.hyper_specs.items():
-            spec.validate(key, group[key])
+        self.storage.after_load(self, state_dict)
 
     def _check_inputs(self) -> None:
         """Before anything changes, for every group (``state_check.check_step``): hyperparameters,
@@ -218,7 +209,7 @@ class Optimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     state = self.state.get(p)
                     if state and "step" in state:
-                        own = self._encoded.decoded(state, p)  # set_mode only reads the state
+                        own = self.storage.decoded(state, p)  # set_mode only reads the state
                         view = torch.view_as_real(local(p)) if p.is_complex() else local(p)
                         transform.set_mode(target, view, own, group)
         self.mode = target
@@ -300,12 +291,12 @@ class Optimizer(torch.optim.Optimizer):
             raise
 
     def _run(self, transform, params, states, values, layout, static) -> None:
-        encoded = {i for i, s in enumerate(states) if self._encoded.is_encoded(s)}
+        encoded = {i for i, s in enumerate(states) if self.storage.is_encoded(s)}
         if encoded:
             order = sorted(encoded)
-            self._encoded.run(transform, [params[i] for i in order], [states[i] for i in order],
-                              [self._position(params[i]) for i in order], values, layout, static,
-                              compiled=self._runner(transform) is not None, fall_back=self._fall_back)
+            self.storage.run(transform, [params[i] for i in order], [states[i] for i in order],
+                             [self._position(params[i]) for i in order], values, layout, static,
+                             compiled=self._runner(transform) is not None, fall_back=self._fall_back)
             params = [p for i, p in enumerate(params) if i not in encoded]
             states = [s for i, s in enumerate(states) if i not in encoded]
             if not params:
@@ -365,7 +356,7 @@ class Optimizer(torch.optim.Optimizer):
             transform.seed(fresh, self._position(p))
             names = group.get("param_names")
             name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
-            self._encoded.init(state, fresh, p, name, self._position(p))
+            self.storage.init(state, fresh, p, name, self._position(p))
             state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
         return state
 
@@ -395,7 +386,7 @@ class Optimizer(torch.optim.Optimizer):
     @property
     def compile_stats(self) -> dict[str, float]:
         """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
-        compiles, seconds = self._encoded.compile_stats
+        compiles, seconds = self.storage.compile_stats
         return {"compiles": compiles + sum(c.compiles for c in self._compiled.values()),
                 "seconds": seconds + sum(c.compile_seconds for c in self._compiled.values())}
 
@@ -414,14 +405,16 @@ def _is_compile_error(error: Exception) -> bool:
     return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
-def takes_state() -> list[str]:
-    """The recipes that keep encoded state: their signature offers ``state=`` and they declare no
-    ``state_refusal`` (for error messages)."""
-    import gradwise.recipes as recipes
-
-    kinds = (getattr(recipes, name) for name in sorted(recipes.__all__))
-    return [k.__name__ for k in kinds if isinstance(k, type) and "state" in inspect.signature(k.__init__).parameters
-            and not getattr(k, "state_refusal", None)]
+def _encoded_state_refusal(kind: type) -> str | None:
+    """Why optimizers of ``kind`` cannot keep encoded state, or None when they can: the recipe's own
+    reason (``state_refusal``: ScheduleFreeSGD's z is the weights' copy), or a ``step()`` of its own.
+    Encoded state runs each parameter's step alone (decode, update, encode) on the chain's own state."""
+    if getattr(kind, "state_refusal", None):
+        return kind.state_refusal
+    if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
+        return (f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs, and encoded"
+                " state runs one parameter at a time")
+    return None
 
 
 def state_refused(cls: type, state: Any, reason: str | None, allowed: str = "state=None (its state as computed)"
@@ -429,4 +422,4 @@ def state_refused(cls: type, state: Any, reason: str | None, allowed: str = "sta
     """The one error of a recipe that keeps no encoded state, asked for some."""
     reason = reason or "its step does not run one parameter at a time on the chain's own state, as encoded state needs"
     return TypeError(f"{cls.__name__}() does not take state={state!r}: {reason}; allowed: {allowed}."
-                     f" Recipes that take state=: {', '.join(takes_state())}")
+                     f" Recipes that take state=: {', '.join(optimizers_taking_state())}")

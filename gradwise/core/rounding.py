@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core.hashing import hash32
 from gradwise.core.hyper import choice
-from gradwise.state.bf16 import hash32
 
 ROUNDINGS = ("nearest", "stochastic")
 

@@ -17,9 +17,8 @@ from torch import Tensor
 
 from gradwise.core.hyper import choice, non_negative_int
 from gradwise.core.params import DTensor, param_label
+from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.core.transform import counters_of
-from gradwise.state.codec import codec_from
-from gradwise.state.store import MARK, layout, parts_of
 
 #: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
 TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -51,11 +50,17 @@ def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
                  for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
 
 
+def check_hyperparameters(optimizer, group: Mapping[str, Any]) -> None:
+    """Every hyperparameter the optimizer reads, as ``group`` holds it now (a scheduler may have set it)."""
+    for key, spec in optimizer.hyper_specs.items():
+        spec.validate(key, group[key])
+
+
 def check_step(optimizer) -> None:
     """Everything a step can check before its first write, for every group: hyperparameters, each
     gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
     for index, group in enumerate(optimizer.param_groups):
-        optimizer._validate(group)
+        check_hyperparameters(optimizer, group)
         transform = optimizer.transform.for_group(group)
         resolved = (transform, shape_signature(optimizer, group))
         for p in group["params"]:
@@ -157,10 +162,9 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
         out[key] = _buffer(saved_state[key], label, key, shape, dtype, key in nonnegative)
     for buffer, tag in encoded:
         shape, dtype = expected[buffer]
-        codec = codec_from(tag)
         signed = buffer not in nonnegative
         parts = parts_of(saved_state, buffer, tag)
-        for part, want in codec.empty(shape, signed, torch.device("meta")).items():
+        for part, want in optimizer.storage.expected_parts(tag, shape, signed).items():
             have = parts.get(part)
             if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
                 raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"

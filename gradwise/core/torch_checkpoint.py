@@ -19,6 +19,7 @@ import torch
 
 from gradwise.core.params import param_label
 from gradwise.core.state_check import BOOKKEEPING_KEYS, TORCH_EXECUTION_KEYS, expected_state, saved_ids
+from gradwise.core.state_keys import MARK
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def is_torch_format(state_dict: Mapping[str, Any]) -> bool:
         return False
     keys = [k for st in states.values() if isinstance(st, Mapping) for k in st if k != "step"]
     if keys:
-        return not any(isinstance(k, str) and ("." in k or "@" in k) for k in keys)
+        return not any(isinstance(k, str) and ("." in k or MARK in k) for k in keys)
     return any(isinstance(g, Mapping) and any(k in g for k in TORCH_EXECUTION_KEYS) for g in groups)
 
 
@@ -137,7 +138,7 @@ def to_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
         fmt = format_for(optimizer, group)
         out = {}
-        for key, value in optimizer._encoded.decoded(saved, p).items():
+        for key, value in optimizer.storage.decoded(saved, p).items():
             if value.numel() == 0 and value.shape != p.shape:
                 continue  # kept only for other shapes (Adafactor's row_var of a vector)
             out[torch_name(key)] = value.clone()

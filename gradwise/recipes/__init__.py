@@ -1,4 +1,6 @@
 """Named optimizers, each a short chain of transforms."""
+import inspect
+
 from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
@@ -20,3 +22,11 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
+
+
+def takes_state() -> list[str]:
+    """The recipes that keep encoded state: their signature offers ``state=`` and they declare no
+    ``state_refusal`` (for the errors that refuse it)."""
+    kinds = (globals()[name] for name in sorted(__all__))
+    return [k.__name__ for k in kinds if isinstance(k, type) and "state" in inspect.signature(k.__init__).parameters
+            and not getattr(k, "state_refusal", None)]

@@ -41,7 +41,7 @@ def Lookahead(optimizer: Optimizer, k: int = 5, alpha: float = 0.5) -> Optimizer
         raise ValueError("Lookahead(optimizer): the optimizer has already stepped; wrap it before its first step")
     groups = [{k_: v for k_, v in g.items()} for g in optimizer.param_groups]
     transform = chain(optimizer.transform, lookahead())
-    wrapped = Optimizer(groups, transform, compile=optimizer.compile, state=optimizer._encoded.policy,
+    wrapped = Optimizer(groups, transform, compile=optimizer.compile, state=optimizer.storage.policy,
                         lookahead_k=k, lookahead_alpha=alpha, **optimizer.defaults)
     handles = installed_on(optimizer)
     if handles:  # the inner optimizer's hooks would step it, and Lookahead would never run

@@ -25,7 +25,7 @@ class ScheduleFreeAdamW(Optimizer):
                          skip_nonfinite=skip_nonfinite, compile=compile, state=state,
                          param_rounding=param_rounding)
         for group in self.param_groups:
-            transform.transforms[-1]._beta(group)
+            transform.transforms[-1].checked_beta(group)
 
 
 class ScheduleFreeSGD(Optimizer):

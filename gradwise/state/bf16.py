@@ -13,25 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core.hashing import hash32
 from gradwise.state.codec import Codec
-
-_MASK32 = 0xFFFFFFFF
-
-
-def hash32(index: Tensor, seed: Tensor) -> Tensor:
-    """A 32-bit integer hash of ``index ^ seed``: two rounds of xor-shift-multiply, computed in int32
-    (wrapping multiplication, shifts masked to logical ones), so the compiled CPU loop runs it in
-    full-width integer vectors. Returns the hash's bit pattern as int32; ``& 0xFFFF`` of it, or
-    ``unsigned(h)``, read it as the unsigned 32-bit value."""
-    h = index.to(torch.int32) ^ seed.to(torch.int32)
-    h = (((h >> 16) & 0xFFFF) ^ h) * 0x45D9F3B
-    h = (((h >> 16) & 0xFFFF) ^ h) * 0x45D9F3B
-    return ((h >> 16) & 0xFFFF) ^ h
-
-
-def unsigned(h: Tensor) -> Tensor:
-    """An int32 bit pattern as the unsigned value it stands for (int64)."""
-    return h.to(torch.int64) & _MASK32
 
 
 def round_to_bf16_stochastically(x: Tensor, seed: Tensor) -> Tensor:

@@ -1,8 +1,8 @@
 """What the optimizer does with encoded state: choose codecs, store fresh buffers, run steps, convert
-checkpoints. The core optimizer calls into ``EncodedState`` at four points and knows nothing else."""
+checkpoints. ``EncodedState`` is the storage (``gradwise.core.storage``'s protocol) that ``state=`` asks
+for; the core optimizer calls it through that protocol and knows nothing else."""
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections import Counter
 from itertools import chain as chain_iterables
@@ -12,13 +12,15 @@ import torch
 from torch import Tensor
 
 from gradwise.core.executor import rounding_rows
+from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
 from gradwise.core.rounding import rounds_stochastically
+from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
-from gradwise.state.store import MARK, has_buffer, layout, parts_of, seed, store, stored_as, take
+from gradwise.state.store import store, stored_as, take
 
 
 class EncodedState:
@@ -36,6 +38,10 @@ class EncodedState:
     @classmethod
     def from_argument(cls, state: Any, transform: Transform) -> "EncodedState":
         return cls(policy_from(state), transform)
+
+    def __reduce__(self):
+        """A copy keeps the policy and the chain; compiled graphs and cached specs are built afresh."""
+        return (EncodedState, (self.policy, self.transform))
 
     # ------------------------------------------------------------- decisions
     def check(self, param_groups: list[dict[str, Any]]) -> None:
@@ -118,6 +124,11 @@ class EncodedState:
                 sum(c.compile_seconds for c in self._compiled.values()))
 
     # ------------------------------------------------------------- checkpoints
+    @staticmethod
+    def expected_parts(tag: str, shape: torch.Size, signed: bool) -> dict[str, Tensor]:
+        """The parts (meta tensors) of a buffer of ``shape`` encoded as ``tag``, to check a checkpoint by."""
+        return codec_from(tag).empty(shape, signed, torch.device("meta"))
+
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         """Put encoded parts back exactly as saved (torch.optim casts floating state to the parameter's
         dtype), then convert every buffer whose stored format differs from this optimizer's policy."""
@@ -156,20 +167,6 @@ class EncodedState:
             store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer))
             done.append((current, wanted))
         return done
-
-
-def refusal(optimizer: torch.optim.Optimizer, transform: Transform) -> str | None:
-    """Why ``optimizer`` cannot keep encoded state, or None when it can. Encoded state runs each
-    parameter's step alone (decode, update, encode) from ``p.grad`` and the chain's own state."""
-    from gradwise.core.optimizer import Optimizer
-
-    kind = type(optimizer)
-    if getattr(kind, "state_refusal", None):  # the recipe's own reason (ScheduleFreeSGD: z is the weights' copy)
-        return kind.state_refusal
-    if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
-        return (f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs, and encoded"
-                " state runs one parameter at a time")
-    return None
 
 
 def _named(param_groups: list[dict[str, Any]]):

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
+from gradwise.state.engine import EncodedState
+
 #: the 0-d float32 step counter torch.optim keeps per parameter.
 STEP_BYTES = 4
 
@@ -126,7 +128,8 @@ def _meta_params(model: Any) -> list[Any]:
 
 
 def _estimate(optimizer: Any) -> StateEstimate:
-    engine, transform = optimizer._encoded, optimizer.transform
+    transform = optimizer.transform
+    engine = EncodedState(optimizer.storage.policy, transform)  # its decisions, whatever the optimizer stores
     counts: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
     params = 0
     for index, group in enumerate(optimizer.param_groups):

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from gradwise.core.executor import _private_copy, run_chain
+from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec
 
@@ -47,7 +47,7 @@ class CompiledCodedStep:
         self.transform = transform
         self.compiles = 0
         self.compile_seconds = 0.0
-        self._compiled = torch.compile(_private_copy(coded_step), backend=self._backend, fullgraph=True,
+        self._compiled = torch.compile(private_copy(coded_step), backend=self._backend, fullgraph=True,
                                        dynamic=False)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradwise.state.bf16 import hash32, unsigned
+from gradwise.core.hashing import hash32, unsigned
 from gradwise.state.maps import CodeMap
 
 

@@ -64,7 +64,8 @@ class scale_by_schedule_free(Transform):  # noqa: N801
             "weight_lr_power": Hyper(2.0, non_negative),
         }
 
-    def _beta(self, group) -> float:
+    def checked_beta(self, group) -> float:
+        """The group's beta (``betas[0]``, or ``momentum``), refused unless it is positive."""
         value = group[self.beta]
         beta = float(value[0] if self.beta == "betas" else value)
         if beta <= 0:
@@ -81,7 +82,7 @@ class scale_by_schedule_free(Transform):  # noqa: N801
         }
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        self._beta(hyper)
+        self.checked_beta(hyper)
         warmup = hyper["warmup_steps"]
         schedule = step / warmup if step - 1 < warmup else 1.0
         return {"scheduled_lr": float(hyper["lr"]) * schedule, "step_weight": float(step) ** hyper["r"]}
@@ -104,7 +105,7 @@ class scale_by_schedule_free(Transform):  # noqa: N801
         return out
 
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:
-        beta = self._beta(group)
+        beta = self.checked_beta(group)
         weight = 1 - 1 / beta if mode == "eval" else 1 - beta
         z = state["z"]
         if param.dtype == z.dtype:
