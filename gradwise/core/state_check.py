@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from gradwise.core.params import DTensor, param_label
+from gradwise.core.params import DTensor, local, param_label
 from gradwise.state.codec import codec_from
 from gradwise.state.store import MARK, layout, parts_of
 
@@ -67,9 +67,11 @@ def check_step(optimizer) -> None:
                 raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
                                  f" {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            if not transform.elementwise and isinstance(p, DTensor):
+            sums = sorted(name for name, op in transform.reductions.items() if op != "skip")
+            if (not transform.elementwise or sums) and isinstance(p, DTensor):
+                needs = f"reduces {sums} over every parameter" if sums else "needs whole tensors"
                 raise NotImplementedError(
-                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet"
+                    f"{param_label(group, p, index)}: {transform!r} {needs}, and gradwise does not yet"
                     " gather DTensor shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
             expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
@@ -78,6 +80,30 @@ def check_step(optimizer) -> None:
                                      f" {tuple(value.shape)}; expected shape {tuple(expected[key][0])}")
                 if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
                     raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
+
+
+def check_finite(optimizer) -> None:
+    """Refuse a step whose gradients hold NaN or inf, naming the first such parameter, when a link of its
+    chain ``refuses_nonfinite`` (one NaN would reach every parameter through a statistic of the step)
+    and no guard (``skip_nonfinite``) skips such steps. One read of every gradient, one synchronization."""
+    checked = []
+    for index, group in enumerate(optimizer.param_groups):
+        transform = optimizer.transform.for_group(group)
+        links = transform.links()
+        if any(t.refuses_nonfinite for _, t in links) and "skip" not in transform.reductions.values():
+            checked += [(group, index, p) for p in group["params"] if p.grad is not None and p.grad.numel()]
+    if not checked:
+        return
+    norms = torch._foreach_norm([local(p.grad).reshape(-1) for _, _, p in checked], float("inf"))
+    finite = torch.stack(norms).isfinite().tolist()
+    if all(finite):
+        return
+    group, index, p = checked[finite.index(False)]
+    culprit = next(t for _, t in optimizer.transform.for_group(group).links() if t.refuses_nonfinite)
+    raise ValueError(f"{type(optimizer).__name__}: {param_label(group, p, index)} has NaN or inf in its gradient;"
+                     f" {culprit!r} reads a statistic of every parameter of the step, so one such element would make"
+                     " every parameter NaN. Nothing was changed; pass skip_nonfinite=True to skip such steps"
+                     " (counted in skipped_steps)")
 
 
 def group_defaults(optimizer) -> dict[str, Any]:
