@@ -160,9 +160,12 @@ def test_compiled_equals_eager(transform, hyper):
 
 def test_non_elementwise_components_say_so():
     for t in (clip_by_agc(), centralize_gradient(), normalize_gradient(), add_norm_loss(),
-              scale_by_pnm_adam(renormalize=True)):
+              scale_by_pnm_adam(recentralize=True, renormalize=True)):
         assert t.elementwise is False, t
     assert scale_by_pnm_adam().elementwise and add_stable_weight_decay().elementwise
+    # renormalizing alone is a factor per tensor, found by prepare() on the whole input
+    renormalized = scale_by_pnm_adam(renormalize=True)
+    assert renormalized.elementwise and renormalized.prepares and not scale_by_pnm_adam().prepares
 
 
 def test_paper_formulas_agree_with_the_ranger21_package():

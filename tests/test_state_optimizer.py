@@ -32,7 +32,7 @@ def takes_state(recipe) -> bool:
 STATE_CASES = list({c.recipe: c for c in CASES if c.trains and takes_state(c.recipe)}.values())
 #: recipes that cannot keep encoded state (ScheduleFreeSGD: its only buffer is a copy of the weights):
 #: their signatures leave state= out, and it raises
-REFUSING = [gradwise.ScheduleFreeSGD, gradwise.GaLoreAdamW, gradwise.APOLLO, gradwise.APOLLOMini, gradwise.Ranger21]
+REFUSING = [gradwise.ScheduleFreeSGD, gradwise.GaLoreAdamW, gradwise.APOLLO, gradwise.APOLLOMini]
 
 
 #: compiled against eager below: the chains that are not AdamW's elementwise kind (SGD, Adam, NAdamW and

@@ -8,6 +8,8 @@ A chain runs in one pass per bucket (``p <- p + chain(g)``) unless it needs more
   bucket's part of those statistics from its output (``Transform.reduce``); the engine combines the
   parts (``combine``: the one place a distributed layer must all-reduce) and hands the totals to
   the phases after the cut as ``ctx[name]``;
+- a link that ``moves_point`` (Ranger21's decay) runs in a phase of its own, on whole tensors, which
+  writes the parameters where it moves them before the links after it step from there;
 - a run of links that read whole tensors (a standard deviation, a matrix root) followed by
   elementwise links: the whole-tensor links run on whole tensors and the elementwise suffix in
   cache-sized pieces (eagerly) or as one compiled graph of any length. A whole-tensor run that is
@@ -39,11 +41,12 @@ class Phase(Transform):
     name = "phase"
 
     def __init__(self, links: list[tuple[str, Transform]], reducer: tuple[str, Transform] | None,
-                 reads_grads: bool, last: bool):
-        self._links, self.reducer, self.reads_grads, self.last = links, reducer, reads_grads, last
-        self.writes = tuple(_keys(links))
+                 reads_grads: bool, last: bool, moves: bool = False):
+        self._links, self.reducer, self.reads_grads, self.last, self.moves = links, reducer, reads_grads, last, moves
+        self.writes = tuple(_keys(links if reducer is None or not reducer[1].prepares else [*links, reducer]))
         self.state = tuple(dict.fromkeys([*self.writes, *_keys([reducer] if reducer else [])]))
-        self.elementwise = all(t.elementwise for _, t in links)
+        # a reducer that prepares sees whole tensors
+        self.elementwise = all(t.elementwise for _, t in links) and not (reducer and reducer[1].prepares)
         self.batched = any(t.batched for _, t in links)
 
     def links(self) -> list[tuple[str, Transform]]:
@@ -53,11 +56,21 @@ class Phase(Transform):
         return run_links(self._links, updates, state, ctx)
 
     def partials(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> dict[str, Tensor]:
-        """The reducer's parts of its statistics from this phase's output (``{}`` without a reducer)."""
+        """The next phase's first link on this phase's output: its ``prepare``, and its parts of its
+        statistics (``{}`` without a reducer)."""
         if self.reducer is None:
             return {}
         namespace, t = self.reducer
-        return t.reduce(updates, strip_namespace(namespace, state), scoped(namespace, ctx))
+        own_state, own_ctx = strip_namespace(namespace, state), scoped(namespace, ctx)
+        if t.prepares:
+            t.prepare(updates, own_state, own_ctx)
+        return t.reduce(updates, own_state, own_ctx) if t.reductions else {}
+
+    def point(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        """A phase that ``moves``: its links' ``point`` in turn, each from where the last left the parameters."""
+        for namespace, t in self._links:
+            params = t.point(params, strip_namespace(namespace, state), scoped(namespace, ctx))
+        return params
 
     def __repr__(self) -> str:
         return "phase(" + ", ".join(repr(t) for _, t in self._links) + ")"
@@ -69,24 +82,24 @@ def plan(transform: Transform, compiled: bool) -> tuple[Phase, ...]:
     segments: list[tuple[list, tuple | None]] = []
     current: list[tuple[str, Transform]] = []
     for index, (namespace, t) in enumerate(links):
-        if t.reductions:
+        if t.reductions or t.prepares:
             if any(op == "skip" for op in t.reductions.values()):
                 _check_guard_position(t, links[:index])
             segments.append((current, (namespace, t)))
             current = []
         current.append((namespace, t))
     segments.append((current, None))
-    movers = [t for seg_links, _ in segments[:-1] for _, t in seg_links if t.moves_point]
-    if movers:
-        raise ValueError(f"{movers[0]!r} moves the point the later links take their step from, so it must come"
-                         " after every link that reduces over the step's parameters")
     phases: list[Phase] = []
     reads_grads = True
-    for seg_index, (seg_links, reducer) in enumerate(segments):
-        last_segment = seg_index == len(segments) - 1
-        for part_index, part in enumerate(_split(seg_links, compiled)):
-            final_part = part_index == len(_split(seg_links, compiled)) - 1
-            phases.append(Phase(part, reducer if final_part else None, reads_grads, last_segment and final_part))
+    for seg_links, reducer in segments:
+        movers = [(n, t) for n, t in seg_links if t.moves_point]
+        if movers:  # they move the parameters once the reductions before them are known, before the rest runs
+            phases.append(Phase(movers, None, reads_grads, False, moves=True))
+            seg_links = [(n, t) for n, t in seg_links if not t.moves_point]
+        parts = _split(seg_links, compiled)
+        for part_index, part in enumerate(parts):
+            final = part_index == len(parts) - 1
+            phases.append(Phase(part, reducer if final else None, reads_grads, final and reducer is None))
             reads_grads = reads_grads and not part
     return tuple(phases)
 
@@ -98,17 +111,18 @@ def _split(links: list[tuple[str, Transform]], compiled: bool) -> list[list[tupl
     if not whole or whole[-1] == len(links) - 1:
         return [links]
     prefix = links[:whole[-1] + 1]
-    if compiled and not any(t.batched for _, t in prefix) or any(t.moves_point for _, t in prefix):
-        return [links]  # (the links after a moved point take their step from it: never cut there)
+    if compiled and not any(t.batched for _, t in prefix):
+        return [links]
     return [prefix, links[whole[-1] + 1:]]
 
 
 def _check_guard_position(guard: Transform, before: list[tuple[str, Transform]]) -> None:
     """A guard decides to skip a step after the links before it ran: they may keep no state."""
-    stateful = [t for _, t in before if t.state or "advance" in t.hooks]
+    stateful = [t for _, t in before if t.state or "advance" in t.hooks or t.moves_point]
     if stateful:
         raise ValueError(f"{guard!r} skips whole steps, but comes after {stateful[0]!r}, which keeps state that a"
-                         " skipped step would already have changed; put the guard first in the chain")
+                         " skipped step would already have changed (or moves the parameters); put the guard first in"
+                         " the chain")
 
 
 def combine(ops: Mapping[str, str], parts: list[Mapping[str, Tensor]]) -> dict[str, Tensor]:

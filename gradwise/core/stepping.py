@@ -18,11 +18,11 @@ import torch
 from torch import Tensor
 
 from gradwise.core.eager import run_eager
-from gradwise.core.executor import CompiledStep, Layout, pack, with_totals
+from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, unpack, with_totals
 from gradwise.core.params import any_rank, local
 from gradwise.core.phases import Phase, combine, plan, skips
-from gradwise.core.rounding import rounds_stochastically
-from gradwise.core.transform import state_dtype, uses
+from gradwise.core.rounding import add_stochastically, rounds_stochastically
+from gradwise.core.transform import Context, state_dtype, uses
 from gradwise.state.store import has_buffer, seed
 
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
@@ -114,6 +114,9 @@ class PhasedStep:
         """Run ``phase`` on the bucket; its outputs become the bucket's inputs for the next phase."""
         if not phase.links() and phase.reducer is None:
             return []  # a round this bucket waits out (``_after_guards``)
+        if phase.moves:
+            self._move_point(bucket, phase)
+            return []
         params, states, inputs = bucket.params, bucket.states, bucket.inputs
         outputs = None if phase.last or not phase.links() else \
             [torch.empty_like(local(x), dtype=state_dtype(local(p))) for p, x in zip(params, inputs)]
@@ -131,7 +134,7 @@ class PhasedStep:
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         views = [local(params[i]) for i in plain]
         given = [local(inputs[i]) for i in plain]
-        keys = [k for k in phase.state if k in states[0]] if states else []
+        keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
         own = [{k: local(states[i][k]) for k in keys} for i in plain]
         outs = None if outputs is None else [local(outputs[i]) for i in plain]
         eager = list(range(len(plain)))
@@ -152,6 +155,22 @@ class PhasedStep:
         if outputs is not None:
             bucket.inputs = outputs
         return parts
+
+    def _move_point(self, bucket: Bucket, phase: Phase) -> None:
+        """Write the bucket's parameters where ``phase``'s links move them (whole tensors, eagerly; a
+        bfloat16 parameter with ``param_rounding="stochastic"`` is moved with stochastic rounding)."""
+        hyper, scalars, reduced = unpack(bucket.values, bucket.layout)
+        views = [local(p) for p in bucket.params]
+        ctx = Context(views, [local(x) for x in bucket.inputs], hyper, bucket.static, scalars, reduced)
+        state = {k: [local(st[k]) for st in bucket.states] for k in phase.state}
+        moved = phase.point([v.to(state_dtype(v)) for v in views], state, ctx)
+        stochastic = rounds_stochastically(bucket.static, views[0].dtype)
+        for p, view, q, st in zip(bucket.params, views, moved, bucket.states):
+            if stochastic:
+                row = rounding_rows([seed(int(st["step"]), self._position(p), "point")], [0], view.device)
+                add_stochastically(view, q - view.to(q.dtype), row[0, 0], row[0, 1])
+            else:
+                view.copy_(q)
 
     def _plan(self, group: dict[str, Any]) -> tuple[Phase, ...]:
         """The phases of the group's chain, made once (compiled graphs are kept per phase)."""

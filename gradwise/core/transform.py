@@ -116,6 +116,8 @@ class Transform:
     refuses_nonfinite: bool = False
     #: a link that moves the point the later links of its chain take their step from (``point``)
     moves_point: bool = False
+    #: a link that computes some of its own state from its whole input before its update (``prepare``)
+    prepares: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -186,10 +188,19 @@ class Transform:
                 out.update(t.reduce(updates, strip_namespace(namespace, state), scoped(namespace, ctx)))
         return out
 
-    def point(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
-        """For a link that ``moves_point``: the parameters as the later links of the chain see them (its
-        ``update`` is never called). The chain's update then ends at that point moved by theirs, as
-        if the parameters had been moved there before the step (Ranger21's decay before its core)."""
+    def point(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        """For a link that ``moves_point``: where the parameters move before the step (Ranger21's decay
+        before its core). The engine runs it on whole tensors at the start of the link's phase, after
+        the reductions before it, and writes the parameters there; the link's ``update`` is the
+        identity, so the later links (and the links of its phase before it) take their step from the
+        moved parameters. ``params`` are the parameters in the state's dtype."""
+        raise NotImplementedError
+
+    def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
+        """For a link whose class sets ``prepares``: write its own state that is not shaped like the
+        parameter (a per-tensor 0-d factor) from its input ``updates``, which it sees whole, before its
+        ``update`` runs, so that the update itself can be elementwise and run in pieces or compiled flat
+        (Ranger21's renormalized momentum input). The engine runs it where it runs ``reduce``."""
         raise NotImplementedError
 
     def links(self) -> list[tuple[str, "Transform"]]:
@@ -319,17 +330,9 @@ def strip_namespace(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, 
 
 def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: Mapping[str, list[Tensor]],
               ctx: Context) -> list[Tensor]:
-    """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars; a
-    link that ``moves_point`` moves the parameters the later ones see, and the result includes the move."""
-    start = ctx.params
+    """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars."""
     for namespace, t in links:
-        own_state, own_ctx = strip_namespace(namespace, state), scoped(namespace, ctx)
-        if t.moves_point:
-            ctx = replace(ctx, params=t.point(updates, own_state, own_ctx))
-        else:
-            updates = t.update(updates, own_state, own_ctx)
-    if ctx.params is not start:
-        updates = [u + (q - p.to(u.dtype)) for u, q, p in zip(updates, ctx.params, start)]
+        updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx))
     return updates
 
 

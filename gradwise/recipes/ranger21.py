@@ -92,7 +92,7 @@ class Ranger21(Optimizer):
                       scale_by_madgrad(schedule, denominator="softplus", anchor_at_first_step=True)]
             hyper.update(momentum=momentum)
         else:
-            links += [scale_by_pnm_adam(recentralize=using_gc, renormalize=using_normgc, gc_conv_only=gc_conv_only,
+            links += [scale_by_pnm_adam(renormalize=using_normgc, gc_conv_only=gc_conv_only,
                                         belief=use_adabelief, second_moment_statistics=True),
                       decay, scale_by_schedule(schedule), scale_by_learning_rate()]
             hyper.update(pnm_momentum_factor=pnm_momentum_factor)

@@ -58,7 +58,8 @@ class clip_by_agc(Transform):  # noqa: N801
         for u, p in zip(updates, ctx.params):
             max_norm = unit_norm(p.to(u.dtype)).clamp_min(eps) * clip
             g_norm = unit_norm(u).clamp_min(AGC_GRAD_EPS)
-            out.append(torch.where(g_norm > max_norm, u * (max_norm / g_norm), u))
+            # the factor per unit first (small), then one pass over u
+            out.append(u * torch.where(g_norm > max_norm, max_norm / g_norm, torch.ones_like(g_norm)))
         return out
 
 

@@ -18,7 +18,9 @@ other gradient).
 
 Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
 normalized gradient and the momenta that gradient centralized and normalized once more; with
-``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
+``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it;
+``renormalize`` alone (the input already centralized, as Ranger21's is) is a factor per tensor that
+``prepare`` finds on the whole input, so the update stays elementwise.
 With ``second_moment_statistics`` it reports the sum of v_t / (1 - b2^t) over the step's parameters
 (``regularizers.SECOND_MOMENT``), which Ranger21's stable weight decay reads.
 """
@@ -31,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
-from gradwise.core.transform import Context, Transform
-from gradwise.transforms.gradient_shaping import centralized, normalized
+from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.gradient_shaping import NORMALIZE_EPS, centralized, normalized
 from gradwise.transforms.regularizers import SECOND_MOMENT, second_moment_parts
 
 
@@ -53,11 +55,30 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
                  belief: bool = False, second_moment_statistics: bool = False):
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
         self.belief, self.second_moment_statistics = belief, second_moment_statistics
-        self.elementwise = not (recentralize or renormalize)
+        self.elementwise = not recentralize
+        # renormalizing alone is a per-tensor factor of the input, found on the whole input (prepare)
+        self.prepares = renormalize and not recentralize
+        self.state = (*self.state, "momentum_scale") if self.prepares else self.state
         self.reductions = SECOND_MOMENT if second_moment_statistics else {}
 
-    def momentum_input(self, u: Tensor) -> Tensor:
-        """The gradient the momenta average: u, centralized and normalized once more if asked."""
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        dtype = state_dtype(param)
+        buffers = {k: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
+                   for k in self.state if k != "momentum_scale"}
+        if self.prepares:
+            buffers["momentum_scale"] = torch.ones((), dtype=dtype, device=param.device)
+        return buffers
+
+    def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
+        """momentum_scale <- 1 / (std(u) + 1e-8) (1 for 2 elements or fewer): ``normalized(u)`` as a factor."""
+        for u, scale in zip(updates, state["momentum_scale"]):
+            scale.copy_(1 / (u.std() + NORMALIZE_EPS) if u.numel() > 2 else torch.ones_like(scale))
+
+    def momentum_input(self, u: Tensor, scale: Tensor | None = None) -> Tensor:
+        """The gradient the momenta average: u, centralized and normalized once more if asked (with
+        ``prepares``, normalized by the factor ``prepare`` found, ``scale``)."""
+        if self.prepares:
+            return u * scale
         g = centralized(u, self.gc_conv_only) if self.recentralize else u
         return normalized(g) if self.renormalize else g
 
@@ -91,9 +112,10 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         """(g, x) per update: the momenta's input and what v averages the square of this step."""
         fed = [torch.where(ctx["odd"] > 0, pos, neg) for pos, neg in zip(state["grad_ma"], state["neg_grad_ma"])] \
             if self.belief else [None] * len(updates)
+        scales = state["momentum_scale"] if self.prepares else [None] * len(updates)
         out = []
-        for u, f in zip(updates, fed):
-            g = self.momentum_input(u)
+        for u, f, scale in zip(updates, fed, scales):
+            g = self.momentum_input(u, scale)
             out.append((g, self.variance_input(u, g, f, ctx["fed_rate"])))
         return out
 

@@ -32,7 +32,9 @@ def second_moment_parts(squares: list[Tensor], moments: list[Tensor], ctx: Conte
     moment after this step's update from ``squares`` (x) and ``moments`` (v), and the element count.
     ``ctx`` holds the link's ``one_minus_beta2`` and ``bias2`` scalars and ``betas``."""
     b2, rate, bias = ctx["betas"][1], ctx["one_minus_beta2"], ctx["bias2"]
-    total = sum(((v * b2 + x * x * rate) / bias).sum(dtype=torch.float64) for x, v in zip(squares, moments))
+    # sum(b2 v + (1 - b2) x^2) as two reductions, in float64, with no temporary shaped like x
+    total = sum(v.sum(dtype=torch.float64) * b2.double() + torch.linalg.vector_norm(x, dtype=torch.float64) ** 2
+                * rate.double() for x, v in zip(squares, moments)) / bias.double()
     count = sum(x.numel() for x in squares)
     return {"second_moment_sum": torch.as_tensor(total, dtype=torch.float64),
             "second_moment_count": torch.full((), float(count), dtype=torch.float64)}
@@ -111,7 +113,8 @@ class shrink_like_ranger21(Transform):  # noqa: N801
     it). With ``core="adam"``, d_t = lr_t and n = sqrt((1 + S) / N) (the 1 is pytorch-optimizer's);
     with ``core="madgrad"``, d_t = lr_t sqrt(t) (MADGRAD's lambda_t) and n = (S / N)^(1/3) (the authors'
     package), S the sum of the bias-corrected second moment over the step's N elements. The link
-    ``moves_point``: the later links take their step from the shrunk parameters (MADGRAD reads them).
+    ``moves_point``: the engine writes the shrunk parameters before the links of its phase take their
+    step from them (MADGRAD reads them), as Ranger21's code shrinks p before its step.
     """
 
     name = "ranger21_shrink"
@@ -141,12 +144,11 @@ class shrink_like_ranger21(Transform):  # noqa: N801
             return keep
         return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
 
-    def point(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        out = []
-        for u, p in zip(updates, ctx.params):
-            p = p.to(u.dtype)
-            out.append(p * self.factor(p, ctx))
-        return out
+    def point(self, params: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return [p * self.factor(p, ctx) for p in params]
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return updates  # the engine has moved the parameters (``point``) before this link's phase
 
     def __repr__(self) -> str:
         return f"shrink_like_ranger21({self.schedule!r}, norm_loss={self.norm_loss}, core={self.core!r})"
