@@ -22,7 +22,6 @@ from gradwise.core.phases import Phase
 from gradwise.core.rounding import check_rounding
 from gradwise.core.state_check import (
     BOOKKEEPING_KEYS,
-    check_finite,
     check_step,
     checked_load,
     group_defaults,
@@ -191,7 +190,6 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         each parameter (``init`` on the meta device may refuse one, as GaLore refuses a rank above
         min(m, n)) and the shapes of the state it has."""
         check_step(self)
-        check_finite(self)
 
     # ----------------------------------------------------------------- train and eval points
     @torch.no_grad()

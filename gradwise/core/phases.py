@@ -66,11 +66,15 @@ class Phase(Transform):
             t.prepare(updates, own_state, own_ctx)
         return t.reduce(updates, own_state, own_ctx) if t.reductions else {}
 
-    def point(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
-        """A phase that ``moves``: its links' ``point`` in turn, each from where the last left the parameters."""
+    def point_factors(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        """A phase that ``moves``: the product of its links' factors, each link seeing where the ones
+        before it moved the parameters."""
+        factors = None
         for namespace, t in self._links:
-            params = t.point(params, strip_namespace(namespace, state), scoped(namespace, ctx))
-        return params
+            moved = params if factors is None else [p * f for p, f in zip(params, factors)]
+            own = t.point_factors(moved, strip_namespace(namespace, state), scoped(namespace, ctx))
+            factors = own if factors is None else [f * g for f, g in zip(factors, own)]
+        return factors
 
     def __repr__(self) -> str:
         return "phase(" + ", ".join(repr(t) for _, t in self._links) + ")"

@@ -82,28 +82,23 @@ def check_step(optimizer) -> None:
                     raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
 
 
-def check_finite(optimizer) -> None:
-    """Refuse a step whose gradients hold NaN or inf, naming the first such parameter, when a link of its
-    chain ``refuses_nonfinite`` (one NaN would reach every parameter through a statistic of the step)
-    and no guard (``skip_nonfinite``) skips such steps. One read of every gradient, one synchronization."""
-    checked = []
-    for index, group in enumerate(optimizer.param_groups):
-        transform = optimizer.transform.for_group(group)
-        links = transform.links()
-        if any(t.refuses_nonfinite for _, t in links) and "skip" not in transform.reductions.values():
-            checked += [(group, index, p) for p in group["params"] if p.grad is not None and p.grad.numel()]
-    if not checked:
-        return
-    norms = torch._foreach_norm([local(p.grad).reshape(-1) for _, _, p in checked], float("inf"))
-    finite = torch.stack(norms).isfinite().tolist()
-    if all(finite):
-        return
-    group, index, p = checked[finite.index(False)]
-    culprit = next(t for _, t in optimizer.transform.for_group(group).links() if t.refuses_nonfinite)
-    raise ValueError(f"{type(optimizer).__name__}: {param_label(group, p, index)} has NaN or inf in its gradient;"
-                     f" {culprit!r} reads a statistic of every parameter of the step, so one such element would make"
-                     " every parameter NaN. Nothing was changed; pass skip_nonfinite=True to skip such steps"
-                     " (counted in skipped_steps)")
+def refuse_nonfinite(optimizer, work, culprit) -> None:
+    """Raise for a step whose statistics came out NaN or inf, read by ``culprit`` (a link that
+    ``refuses_nonfinite``: one such element would reach every parameter), naming the first parameter
+    whose gradient holds one (the caller has undone the step's preparations: nothing has changed)."""
+    for index, (group, params) in enumerate(work):
+        for p in params:
+            if p.grad.numel() and not bool(torch.isfinite(local(p.grad)).all()):
+                where = f"{param_label(group, p, index)} has NaN or inf in its gradient"
+                break
+        else:
+            continue
+        break
+    else:
+        where = "the step's statistics are NaN or inf (from the parameters or the state: no gradient holds one)"
+    raise ValueError(f"{type(optimizer).__name__}: {where}; {culprit!r} reads a statistic of every parameter of the"
+                     " step, so one such element would make every parameter NaN. Nothing was changed; pass"
+                     " skip_nonfinite=True to skip such steps (counted in skipped_steps)")
 
 
 def group_defaults(optimizer) -> dict[str, Any]:

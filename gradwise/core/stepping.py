@@ -22,6 +22,7 @@ from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, un
 from gradwise.core.params import any_rank, local
 from gradwise.core.phases import Phase, combine, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
+from gradwise.core.state_check import refuse_nonfinite
 from gradwise.core.transform import Context, state_dtype, uses
 from gradwise.state.store import has_buffer, seed
 
@@ -61,6 +62,8 @@ class PhasedStep:
         stepped and this bucket's parameters and param-shaped state in part (README)."""
         plans = _after_guards({id(g): self._plan(g) for g, params in work if params})
         _check_rounds(plans.values())
+        refusing = [t for phases in plans.values() if not any(_guards(ph) for ph in phases)
+                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
         buckets: list[Bucket] = []
         try:
             for group, params in work:
@@ -72,6 +75,8 @@ class PhasedStep:
                 ops = {k: op for b in active if b.phases[r].reducer
                        for k, op in b.phases[r].reducer[1].reductions.items()}
                 totals = combine(ops, parts)
+                if refusing and totals and not bool(torch.stack(list(totals.values())).isfinite().all()):
+                    refuse_nonfinite(self, work, refusing[0])  # raises: the handler below undoes the step
                 if "skip" in ops.values():
                     flag = any_rank(torch.tensor(skips(ops, totals)), [p for b in buckets for p in b.params])
                     if bool(flag):
@@ -92,7 +97,8 @@ class PhasedStep:
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
-        advances = uses(transform, "advance")
+        # 0-d state that advance() or a link's prepare() writes is put back by a roll back
+        advances = uses(transform, "advance") or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
         saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] \
             if advances else [{} for _ in states]
         by_step: dict[int, list[int]] = defaultdict(list)
@@ -102,7 +108,7 @@ class PhasedStep:
         out = []
         for step, members in by_step.items():
             scalars = transform.scalars(group, step)
-            for i in members if advances else ():
+            for i in members if uses(transform, "advance") else ():
                 transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
             values, layout = pack(hyper, scalars, dtype, device)
             out.append(Bucket(group, phases, [params[i] for i in members], [states[i] for i in members], values,
@@ -163,14 +169,15 @@ class PhasedStep:
         views = [local(p) for p in bucket.params]
         ctx = Context(views, [local(x) for x in bucket.inputs], hyper, bucket.static, scalars, reduced)
         state = {k: [local(st[k]) for st in bucket.states] for k in phase.state}
-        moved = phase.point([v.to(state_dtype(v)) for v in views], state, ctx)
+        factors = phase.point_factors([v.to(state_dtype(v)) for v in views], state, ctx)
         stochastic = rounds_stochastically(bucket.static, views[0].dtype)
-        for p, view, q, st in zip(bucket.params, views, moved, bucket.states):
+        for p, view, factor, st in zip(bucket.params, views, factors, bucket.states):
             if stochastic:
                 row = rounding_rows([seed(int(st["step"]), self._position(p), "point")], [0], view.device)
-                add_stochastically(view, q - view.to(q.dtype), row[0, 0], row[0, 1])
+                moved = view.to(state_dtype(view))
+                add_stochastically(view, moved * factor - moved, row[0, 0], row[0, 1])
             else:
-                view.copy_(q)
+                view.mul_(factor)
 
     def _plan(self, group: dict[str, Any]) -> tuple[Phase, ...]:
         """The phases of the group's chain, made once (compiled graphs are kept per phase)."""

@@ -114,7 +114,7 @@ class Transform:
     #: statistic of the whole step): the optimizer refuses such a step, naming the parameter, unless a
     #: guard (``skip_nonfinite``) skips it
     refuses_nonfinite: bool = False
-    #: a link that moves the point the later links of its chain take their step from (``point``)
+    #: a link that moves the point the later links of its chain take their step from (``point_factors``)
     moves_point: bool = False
     #: a link that computes some of its own state from its whole input before its update (``prepare``)
     prepares: bool = False
@@ -188,12 +188,12 @@ class Transform:
                 out.update(t.reduce(updates, strip_namespace(namespace, state), scoped(namespace, ctx)))
         return out
 
-    def point(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
-        """For a link that ``moves_point``: where the parameters move before the step (Ranger21's decay
-        before its core). The engine runs it on whole tensors at the start of the link's phase, after
-        the reductions before it, and writes the parameters there; the link's ``update`` is the
-        identity, so the later links (and the links of its phase before it) take their step from the
-        moved parameters. ``params`` are the parameters in the state's dtype."""
+    def point_factors(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        """For a link that ``moves_point``: the factor (broadcastable: 0-d, or one per row) each
+        parameter is multiplied by before the step (Ranger21's decay before its core). The engine runs
+        it on whole tensors at the start of the link's phase, after the reductions before it, and
+        writes the parameters there; the link's ``update`` is the identity, so the links of its phase
+        take their step from the moved parameters. ``params`` are in the state's dtype."""
         raise NotImplementedError
 
     def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:

@@ -22,7 +22,7 @@ normalized gradient and the momenta that gradient centralized and normalized onc
 ``renormalize`` alone (the input already centralized, as Ranger21's is) is a factor per tensor that
 ``prepare`` finds on the whole input, so the update stays elementwise.
 With ``second_moment_statistics`` it reports the sum of v_t / (1 - b2^t) over the step's parameters
-(``regularizers.SECOND_MOMENT``), which Ranger21's stable weight decay reads.
+(``regularizers.SECOND_MOMENT``, from a 0-d running sum of v), which Ranger21's stable weight decay reads.
 """
 from __future__ import annotations
 
@@ -35,7 +35,13 @@ from torch import Tensor
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.gradient_shaping import NORMALIZE_EPS, centralized, normalized
-from gradwise.transforms.regularizers import SECOND_MOMENT, second_moment_parts
+from gradwise.transforms.regularizers import (
+    RUNNING_SUM,
+    SECOND_MOMENT,
+    advance_running_sums,
+    running_sum,
+    second_moment_parts,
+)
 
 
 class scale_by_pnm_adam(Transform):  # noqa: N801
@@ -57,27 +63,36 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         self.belief, self.second_moment_statistics = belief, second_moment_statistics
         self.elementwise = not recentralize
         # renormalizing alone is a per-tensor factor of the input, found on the whole input (prepare)
-        self.prepares = renormalize and not recentralize
-        self.state = (*self.state, "momentum_scale") if self.prepares else self.state
+        self.scaled = renormalize and not recentralize
+        self.prepares = self.scaled or second_moment_statistics
+        self.state = (*self.state, *(("momentum_scale",) if self.scaled else ()),
+                      *((RUNNING_SUM,) if second_moment_statistics else ()))
         self.reductions = SECOND_MOMENT if second_moment_statistics else {}
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype = state_dtype(param)
         buffers = {k: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
-                   for k in self.state if k != "momentum_scale"}
-        if self.prepares:
+                   for k in self.state if k not in ("momentum_scale", RUNNING_SUM)}
+        if self.scaled:
             buffers["momentum_scale"] = torch.ones((), dtype=dtype, device=param.device)
+        if self.second_moment_statistics:
+            buffers[RUNNING_SUM] = running_sum().to(param.device)
         return buffers
 
     def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
-        """momentum_scale <- 1 / (std(u) + 1e-8) (1 for 2 elements or fewer): ``normalized(u)`` as a factor."""
-        for u, scale in zip(updates, state["momentum_scale"]):
-            scale.copy_(1 / (u.std() + NORMALIZE_EPS) if u.numel() > 2 else torch.ones_like(scale))
+        """momentum_scale <- 1 / (std(u) + 1e-8) (1 for 2 elements or fewer): ``normalized(u)`` as a
+        factor; and the running sum of v the reported statistic reads."""
+        if self.scaled:
+            for u, scale in zip(updates, state["momentum_scale"]):
+                scale.copy_(1 / (u.std() + NORMALIZE_EPS) if u.numel() > 2 else torch.ones_like(scale))
+        if self.second_moment_statistics:
+            squares = [x for _, x in self.variance_inputs(updates, state, ctx)] if self.belief else updates
+            advance_running_sums(squares, state[RUNNING_SUM], ctx)
 
     def momentum_input(self, u: Tensor, scale: Tensor | None = None) -> Tensor:
         """The gradient the momenta average: u, centralized and normalized once more if asked (with
         ``prepares``, normalized by the factor ``prepare`` found, ``scale``)."""
-        if self.prepares:
+        if self.scaled:
             return u * scale
         g = centralized(u, self.gc_conv_only) if self.recentralize else u
         return normalized(g) if self.renormalize else g
@@ -112,7 +127,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         """(g, x) per update: the momenta's input and what v averages the square of this step."""
         fed = [torch.where(ctx["odd"] > 0, pos, neg) for pos, neg in zip(state["grad_ma"], state["neg_grad_ma"])] \
             if self.belief else [None] * len(updates)
-        scales = state["momentum_scale"] if self.prepares else [None] * len(updates)
+        scales = state["momentum_scale"] if self.scaled else [None] * len(updates)
         out = []
         for u, f, scale in zip(updates, fed, scales):
             g = self.momentum_input(u, scale)
@@ -120,8 +135,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         return out
 
     def reduce(self, updates: list[Tensor], state, ctx: Context) -> dict[str, Tensor]:
-        squares = [x for _, x in self.variance_inputs(updates, state, ctx)] if self.belief else updates
-        return second_moment_parts(squares, state["variance_ma"], ctx)
+        return second_moment_parts(state[RUNNING_SUM], updates, ctx)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2, eps = ctx["betas"][1], ctx["eps"]

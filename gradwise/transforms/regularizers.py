@@ -4,8 +4,8 @@
   to Mitigate Them", arXiv:2011.11152): u <- u + wd / n p, with n the square root of the mean of
   Adam's bias-corrected second moment over every element of the step. n is a reduction
   (``core/phases.py``): the link that keeps the second moment reports its parts
-  (``second_moment_parts``: the sum of v_t / (1 - b2^t) and the element count, from its input and its
-  v before the update), and the engine adds them up over all parameters before the links run.
+  (``second_moment_parts``: the sum of v_t / (1 - b2^t), from a running sum of v it keeps, and the
+  element count), and the engine adds them up over all parameters before the links run.
 - ``add_norm_loss`` (Georgiou et al., 2021, "Norm Loss", arXiv:2104.06800; as in Ranger21):
   u <- u + 2 f (1 - 1 / (||p||_unit + eps)) p, pulling each unit (row) of p toward norm 1, with
   f = ``normloss_factor`` and the unit norms of ``gradient_shaping.unit_norm``.
@@ -20,24 +20,35 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
-from gradwise.core.transform import Context, Transform
+from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.gradient_shaping import unit_norm
 
 #: the statistics a second-moment link reports when asked (``second_moment_parts``)
 SECOND_MOMENT = {"second_moment_sum": "sum", "second_moment_count": "sum"}
+#: the 0-d float64 state such a link keeps: sum(v_t) = b2 sum(v_{t-1}) + (1 - b2) sum(x_t^2), so that the
+#: statistic costs no pass over v
+RUNNING_SUM = "variance_sum"
 
 
-def second_moment_parts(squares: list[Tensor], moments: list[Tensor], ctx: Context) -> dict[str, Tensor]:
-    """This bucket's parts of ``SECOND_MOMENT``: sum of (b2 v + (1 - b2) x^2) / (1 - b2^t), the second
-    moment after this step's update from ``squares`` (x) and ``moments`` (v), and the element count.
-    ``ctx`` holds the link's ``one_minus_beta2`` and ``bias2`` scalars and ``betas``."""
-    b2, rate, bias = ctx["betas"][1], ctx["one_minus_beta2"], ctx["bias2"]
-    # sum(b2 v + (1 - b2) x^2) as two reductions, in float64, with no temporary shaped like x
-    total = sum(v.sum(dtype=torch.float64) * b2.double() + torch.linalg.vector_norm(x, dtype=torch.float64) ** 2
-                * rate.double() for x, v in zip(squares, moments)) / bias.double()
-    count = sum(x.numel() for x in squares)
-    return {"second_moment_sum": torch.as_tensor(total, dtype=torch.float64),
-            "second_moment_count": torch.full((), float(count), dtype=torch.float64)}
+def running_sum() -> Tensor:
+    """A fresh ``RUNNING_SUM`` (v starts at 0)."""
+    return torch.zeros((), dtype=torch.float64)
+
+
+def advance_running_sums(squares: list[Tensor], sums: list[Tensor], ctx: Context) -> None:
+    """sum(v) <- b2 sum(v) + (1 - b2) sum(x^2) for each tensor x of ``squares`` (what v averages the square
+    of this step); ``ctx`` holds the link's ``one_minus_beta2`` scalar and ``betas``."""
+    b2, rate = ctx["betas"][1].double(), ctx["one_minus_beta2"].double()
+    for x, total in zip(squares, sums):
+        total.copy_(total * b2 + torch.linalg.vector_norm(x, dtype=torch.float64).square() * rate)
+
+
+def second_moment_parts(sums: list[Tensor], updates: list[Tensor], ctx: Context) -> dict[str, Tensor]:
+    """This bucket's parts of ``SECOND_MOMENT``: the sum of v_t / (1 - b2^t) from the running sums after
+    this step's ``advance_running_sums``, and the element count; ``ctx`` holds the ``bias2`` scalar."""
+    total = torch.stack([s.reshape(()) for s in sums]).sum() / ctx["bias2"].double()
+    return {"second_moment_sum": total,
+            "second_moment_count": torch.full((), float(sum(u.numel() for u in updates)), dtype=torch.float64)}
 
 
 class trace_second_moment(Transform):  # noqa: N801
@@ -46,17 +57,25 @@ class trace_second_moment(Transform):  # noqa: N801
     reports ``SECOND_MOMENT``."""
 
     name = "second_moment"
-    state = ("variance_ma",)
+    state = ("variance_ma", RUNNING_SUM)
     nonnegative = ("variance_ma",)
     hyper = {"betas": Hyper((0.9, 0.999), betas_pair)}
     reductions = SECOND_MOMENT
+    prepares = True
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        v = torch.zeros_like(param, dtype=state_dtype(param), memory_format=torch.preserve_format)
+        return {"variance_ma": v, RUNNING_SUM: running_sum().to(param.device)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         b2 = float(hyper["betas"][1])
         return {"one_minus_beta2": 1 - b2, "bias2": 1 - b2**step}  # in double, as the reference
 
+    def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
+        advance_running_sums(updates, state[RUNNING_SUM], ctx)
+
     def reduce(self, updates: list[Tensor], state, ctx: Context) -> dict[str, Tensor]:
-        return second_moment_parts(updates, state["variance_ma"], ctx)
+        return second_moment_parts(state[RUNNING_SUM], updates, ctx)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2 = ctx["betas"][1]
@@ -144,8 +163,8 @@ class shrink_like_ranger21(Transform):  # noqa: N801
             return keep
         return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
 
-    def point(self, params: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return [p * self.factor(p, ctx) for p in params]
+    def point_factors(self, params: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return [self.factor(p, ctx) for p in params]
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         return updates  # the engine has moved the parameters (``point``) before this link's phase
