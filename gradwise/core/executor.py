@@ -80,11 +80,13 @@ def run_chain(
     static: Mapping[str, Any],
     rounding: Tensor | None = None,
     outputs: list[Tensor] | None = None,
+    keep: list[Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """One phase of an optimizer step over aligned lists; mutates state, and the params (the last
     phase: ``p <- p + phase(g)``) or ``outputs`` (an earlier one: the update so far, for the next
-    phase). ``inputs`` are the gradients, or the previous phase's outputs. Returns the parts of the
-    next phase's reductions, from this phase's output (``Phase.partials``).
+    phase; or, eagerly, ``keep``, which gets the update tensors themselves). ``inputs`` are the
+    gradients, or the previous phase's outputs. Returns the parts of the next phase's reductions, from
+    this phase's output (``Phase.partials``).
 
     ``rounding`` (int64, one row (seed, first element's index) per parameter) is given when the
     parameters are bfloat16 and written with stochastic rounding (``gradwise.core.rounding``)."""
@@ -95,7 +97,9 @@ def run_chain(
     updates = phase.update(updates, state, ctx)
     parts = phase.partials(updates, state, ctx)
     if not phase.last:
-        if outputs is not None:  # an empty phase (a reduction of the gradients) passes them on as they are
+        if keep is not None:
+            keep.extend(updates)
+        elif outputs is not None:  # an empty phase (a reduction of the gradients) passes them on as they are
             for out, u in zip(outputs, updates):
                 out.copy_(u)
         return parts

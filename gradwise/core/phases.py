@@ -10,6 +10,7 @@ A chain runs in one pass per bucket (``p <- p + chain(g)``) unless it needs more
   the phases after the cut as ``ctx[name]``;
 - a link that ``moves_point`` (Ranger21's decay) runs in a phase of its own, on whole tensors, which
   writes the parameters where it moves them before the links after it step from there;
+- adjacent stateless links that ``fuse`` (Ranger21's gradient shaping) run as one;
 - a run of links that read whole tensors (a standard deviation, a matrix root) followed by
   elementwise links: the whole-tensor links run on whole tensors and the elementwise suffix in
   cache-sized pieces (eagerly) or as one compiled graph of any length. A whole-tensor run that is
@@ -82,7 +83,7 @@ class Phase(Transform):
 
 def plan(transform: Transform, compiled: bool) -> tuple[Phase, ...]:
     """The phases ``transform`` (a group's resolved chain) runs in; one when it needs no cut."""
-    links = transform.links() if isinstance(transform, Chain) else [("", transform)]
+    links = _fused(transform.links() if isinstance(transform, Chain) else [("", transform)])
     segments: list[tuple[list, tuple | None]] = []
     current: list[tuple[str, Transform]] = []
     for index, (namespace, t) in enumerate(links):
@@ -106,6 +107,18 @@ def plan(transform: Transform, compiled: bool) -> tuple[Phase, ...]:
             phases.append(Phase(part, reducer if final else None, reads_grads, final and reducer is None))
             reads_grads = reads_grads and not part
     return tuple(phases)
+
+
+def _fused(links: list[tuple[str, Transform]]) -> list[tuple[str, Transform]]:
+    """``links`` with adjacent stateless links that ``fuse`` replaced by their fusion."""
+    out: list[tuple[str, Transform]] = []
+    for namespace, t in links:
+        plain = not t.state and not t.reductions and not t.hooks
+        if out and plain and (fused := out[-1][1].fuse(t)) is not None:
+            out[-1] = (out[-1][0], fused)
+        else:
+            out.append((namespace, t))
+    return out
 
 
 def _split(links: list[tuple[str, Transform]], compiled: bool) -> list[list[tuple[str, Transform]]]:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.eager import run_eager
-from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, unpack, with_totals
+from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.params import any_rank, local
 from gradwise.core.phases import Phase, combine, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
@@ -125,7 +125,9 @@ class PhasedStep:
             return []
         params, states, inputs = bucket.params, bucket.states, bucket.inputs
         outputs = None if phase.last or not phase.links() else \
-            [torch.empty_like(local(x), dtype=state_dtype(local(p))) for p, x in zip(params, inputs)]
+            [torch.empty_like(local(x), dtype=state_dtype(local(p))) if self._encoded.is_encoded(st) or
+             self._runner(phase) is not None or phase.elementwise else None
+             for p, x, st in zip(params, inputs, states)]
         values, layout, static = bucket.values, bucket.layout, bucket.static
         runner = self._runner(phase)
         parts: list[dict[str, Tensor]] = []
@@ -142,6 +144,15 @@ class PhasedStep:
         given = [local(inputs[i]) for i in plain]
         keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
         own = [{k: local(states[i][k]) for k in keys} for i in plain]
+        if outputs is not None and runner is None and not phase.elementwise and plain:
+            # whole tensors, eagerly: the phase's own results are the next phase's inputs, not copied
+            kept: list[Tensor] = []
+            bucket_state = {k: [o[k] for o in own] for k in keys}
+            parts.append(run_chain(phase, views, given, bucket_state, values, layout, static, keep=kept))
+            for i, u in zip(plain, kept):
+                outputs[i] = u
+            bucket.inputs = outputs
+            return parts
         outs = None if outputs is None else [local(outputs[i]) for i in plain]
         eager = list(range(len(plain)))
         if runner is not None and plain:

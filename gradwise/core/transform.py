@@ -196,6 +196,11 @@ class Transform:
         take their step from the moved parameters. ``params`` are in the state's dtype."""
         raise NotImplementedError
 
+    def fuse(self, other: "Transform") -> "Transform | None":
+        """This stateless link and the stateless ``other`` right after it as one link computing both
+        (fewer passes), or None. The engine fuses where it can (``core/phases.py``); the default: None."""
+        return None
+
     def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
         """For a link whose class sets ``prepares``: write its own state that is not shaped like the
         parameter (a per-tensor 0-d factor) from its input ``updates``, which it sees whole, before its

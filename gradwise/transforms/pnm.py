@@ -41,6 +41,7 @@ from gradwise.transforms.regularizers import (
     advance_running_sums,
     running_sum,
     second_moment_parts,
+    sum_of_squares,
 )
 
 
@@ -82,11 +83,25 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
     def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
         """momentum_scale <- 1 / (std(u) + 1e-8) (1 for 2 elements or fewer): ``normalized(u)`` as a
         factor; and the running sum of v the reported statistic reads."""
+        squares = None
         if self.scaled:
+            squares = []
             for u, scale in zip(updates, state["momentum_scale"]):
-                scale.copy_(1 / (u.std() + NORMALIZE_EPS) if u.numel() > 2 else torch.ones_like(scale))
+                # one pass: the variance and mean give both the factor and, when asked, sum(u^2)
+                # two fast reductions give both the factor and, when asked, sum(u^2): (n - 1) var =
+                # sum(u^2) - n mean^2 (var_mean's one pass is several times slower on CPU)
+                n, square = u.numel(), sum_of_squares(u)
+                squares.append(square)
+                if n > 2:
+                    mean = u.sum().double() / n
+                    std = ((square - n * mean * mean).clamp_min(0) / (n - 1)).sqrt()
+                    scale.copy_(1 / (std + NORMALIZE_EPS))
+                else:
+                    scale.fill_(1.0)
         if self.second_moment_statistics:
-            squares = [x for _, x in self.variance_inputs(updates, state, ctx)] if self.belief else updates
+            if self.belief or squares is None:
+                inputs = [x for _, x in self.variance_inputs(updates, state, ctx)] if self.belief else updates
+                squares = [sum_of_squares(x) for x in inputs]
             advance_running_sums(squares, state[RUNNING_SUM], ctx)
 
     def momentum_input(self, u: Tensor, scale: Tensor | None = None) -> Tensor:

@@ -35,12 +35,18 @@ def running_sum() -> Tensor:
     return torch.zeros((), dtype=torch.float64)
 
 
+def sum_of_squares(x: Tensor) -> Tensor:
+    """sum(x^2), as float64, with no temporary shaped like x (reduced in x's dtype: a float64 reduction
+    of float32 would first copy x to float64)."""
+    return torch.linalg.vector_norm(x).double().square()
+
+
 def advance_running_sums(squares: list[Tensor], sums: list[Tensor], ctx: Context) -> None:
-    """sum(v) <- b2 sum(v) + (1 - b2) sum(x^2) for each tensor x of ``squares`` (what v averages the square
-    of this step); ``ctx`` holds the link's ``one_minus_beta2`` scalar and ``betas``."""
+    """sum(v) <- b2 sum(v) + (1 - b2) sum(x^2), given sum(x^2) for each tensor x that v averages the
+    square of this step (``squares``); ``ctx`` holds the link's ``one_minus_beta2`` scalar and ``betas``."""
     b2, rate = ctx["betas"][1].double(), ctx["one_minus_beta2"].double()
-    for x, total in zip(squares, sums):
-        total.copy_(total * b2 + torch.linalg.vector_norm(x, dtype=torch.float64).square() * rate)
+    for square, total in zip(squares, sums):
+        total.copy_(total * b2 + square.double() * rate)
 
 
 def second_moment_parts(sums: list[Tensor], updates: list[Tensor], ctx: Context) -> dict[str, Tensor]:
@@ -72,7 +78,7 @@ class trace_second_moment(Transform):  # noqa: N801
         return {"one_minus_beta2": 1 - b2, "bias2": 1 - b2**step}  # in double, as the reference
 
     def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
-        advance_running_sums(updates, state[RUNNING_SUM], ctx)
+        advance_running_sums([sum_of_squares(u) for u in updates], state[RUNNING_SUM], ctx)
 
     def reduce(self, updates: list[Tensor], state, ctx: Context) -> dict[str, Tensor]:
         return second_moment_parts(state[RUNNING_SUM], updates, ctx)
