@@ -81,10 +81,12 @@ def run_chain(
     rounding: Tensor | None = None,
     outputs: list[Tensor] | None = None,
     keep: list[Tensor] | None = None,
+    scratch: list[Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """One phase of an optimizer step over aligned lists; mutates state, and the params (the last
     phase: ``p <- p + phase(g)``) or ``outputs`` (an earlier one: the update so far, for the next
-    phase; or, eagerly, ``keep``, which gets the update tensors themselves). ``inputs`` are the
+    phase; or, eagerly, ``keep``, which gets the update tensors themselves, which the phase's last link
+    may have written into ``scratch``: ``Context.out``). ``inputs`` are the
     gradients, or the previous phase's outputs. Returns the parts of the next phase's reductions, from
     this phase's output (``Phase.partials``).
 
@@ -93,7 +95,7 @@ def run_chain(
     hyper, scalars, reduced = unpack(values, layout)
     negate = static["maximize"] and phase.reads_grads
     updates = [(-g if negate else g).to(state_dtype(p)) for p, g in zip(params, inputs)]
-    ctx = Context(params, inputs, hyper, static, scalars, reduced)
+    ctx = Context(params, inputs, hyper, static, scalars, reduced, scratch)
     updates = phase.update(updates, state, ctx)
     parts = phase.partials(updates, state, ctx)
     if not phase.last:

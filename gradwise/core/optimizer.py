@@ -35,7 +35,7 @@ from gradwise.core.transform import Transform, chain, uses
 from gradwise.state.engine import EncodedState
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
-_REBUILT = ("_compiled", "_positions", "_plans")
+_REBUILT = ("_compiled", "_positions", "_plans", "_scratch")
 
 
 class Optimizer(PhasedStep, torch.optim.Optimizer):

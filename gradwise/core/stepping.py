@@ -148,7 +148,11 @@ class PhasedStep:
             # whole tensors, eagerly: the phase's own results are the next phase's inputs, not copied
             kept: list[Tensor] = []
             bucket_state = {k: [o[k] for o in own] for k in keys}
-            parts.append(run_chain(phase, views, given, bucket_state, values, layout, static, keep=kept))
+            scratch = self.__dict__.setdefault("_scratch", {})
+            buffers = [scratch.setdefault((phase, p), torch.empty_like(x, dtype=state_dtype(v)))
+                       for p, x, v in zip((params[i] for i in plain), given, views)]
+            parts.append(run_chain(phase, views, given, bucket_state, values, layout, static, keep=kept,
+                                   scratch=buffers))
             for i, u in zip(plain, kept):
                 outputs[i] = u
             bucket.inputs = outputs
@@ -205,10 +209,12 @@ class PhasedStep:
         return self._use_compiled
 
     def _runner(self, phase: Phase) -> CompiledStep | None:
-        """The compiled step for the phase; None (run eagerly) when compilation is off or the phase is
+        """The compiled step for the phase; None (run eagerly) when compilation is off, when the phase is
         ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
-        same-shaped matrices into one batched matmul or eigh)."""
-        if not self._compiling() or phase.batched:
+        same-shaped matrices into one batched matmul or eigh), or when it reads whole tensors for a
+        later phase (Ranger21's shaping): eagerly it writes its results into buffers kept between steps,
+        in fewer passes than a graph per tensor rank with symbolic sizes makes."""
+        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last):
             return None
         if phase not in self._compiled:
             self._compiled[phase] = CompiledStep(phase)

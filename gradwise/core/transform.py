@@ -53,6 +53,9 @@ class Context:
     static: Mapping[str, Any] = field(default_factory=dict)
     scalars: Mapping[str, Tensor] = field(default_factory=dict)
     reduced: Mapping[str, Tensor] = field(default_factory=dict)
+    #: for the last link of a phase whose results the next phase reads: tensors shaped like the
+    #: updates, kept between steps, that it may write its results into (``out=``) instead of new memory
+    out: list[Tensor] | None = None
 
     def __getitem__(self, name: str) -> Any:
         if name in self.static:
@@ -335,9 +338,12 @@ def strip_namespace(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, 
 
 def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: Mapping[str, list[Tensor]],
               ctx: Context) -> list[Tensor]:
-    """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars."""
-    for namespace, t in links:
-        updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx))
+    """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars (only
+    the last may write into ``ctx.out``)."""
+    inner = replace(ctx, out=None) if ctx.out is not None else ctx
+    for i, (namespace, t) in enumerate(links):
+        updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx if i == len(links) - 1
+                                                                                  else inner))
     return updates
 
 

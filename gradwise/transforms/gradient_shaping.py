@@ -76,9 +76,10 @@ class shape_gradient(Transform):  # noqa: N801
         return shape_gradient(**{stage: True for stage in (*self.stages(), *other.stages())})
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return [self.shaped(u, p, ctx) for u, p in zip(updates, ctx.params)]
+        outs = ctx.out if ctx.out is not None else [None] * len(updates)
+        return [self.shaped(u, p, ctx, out) for u, p, out in zip(updates, ctx.params, outs)]
 
-    def shaped(self, g: Tensor, p: Tensor, ctx: Context) -> Tensor:
+    def shaped(self, g: Tensor, p: Tensor, ctx: Context, out: Tensor | None = None) -> Tensor:
         n = g.numel()
         centralize = self.gc and g.dim() > (3 if ctx["gc_conv_only"] else 1)
         normalize = self.gn and n > 2
@@ -95,10 +96,10 @@ class shape_gradient(Transform):  # noqa: N801
             squares = (g_norm**2 - (n // mean.numel()) * mean**2).clamp_min(0)
             factor = 1 / ((squares * (1 if scale is None else scale**2)).sum() / (n - 1)).sqrt().add(NORMALIZE_EPS)
             factor = factor if scale is None else scale * factor
-            return torch.addcmul(-(mean * factor), g, factor)
-        out = g if scale is None else g * scale
-        out = centralized(out, ctx["gc_conv_only"]) if self.gc else out
-        return normalized(out) if self.gn else out
+            return torch.addcmul(-(mean * factor), g, factor, out=out)  # (out: Context.out, when given)
+        shaped = g if scale is None else g * scale
+        shaped = centralized(shaped, ctx["gc_conv_only"]) if self.gc else shaped
+        return normalized(shaped) if self.gn else shaped
 
     def __repr__(self) -> str:
         return f"shape_gradient({', '.join(f'{stage}=True' for stage in self.stages())})"
