@@ -68,9 +68,7 @@ class Entry:
     #: defaults it changes on purpose
     torch_counterpart: type[torch.optim.Optimizer] | None = None
     own_defaults: frozenset[str] = frozenset()
-    #: engine keywords (``ENGINE_KEYWORDS``) its signature lacks, and the values it refuses with a reason.
-    #: Ranger21 lacks ``state`` and refuses stochastic rounding: the plain-chain Ranger21 (issue 13) takes
-    #: both, so its entry's ``missing_keywords``, ``refused`` and ``state`` go back to the defaults then
+    #: engine keywords (``ENGINE_KEYWORDS``) its signature lacks, and the values it refuses with a reason
     missing_keywords: frozenset[str] = frozenset()
     refused: dict[str, Any] = field(default_factory=dict)
 
@@ -194,8 +192,7 @@ ENTRIES = [
            state=False, complex=True, fsdp2=True),
     _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
                                           dict(lr=3e-3, num_iterations=50, beta0=0.9)),
-           required=dict(lr=1e-3, num_iterations=100), state=False, fused_backward=False,
-           missing_keywords=frozenset({"state"}), refused={"param_rounding": "stochastic"}),
+           required=dict(lr=1e-3, num_iterations=100), fused_backward=False),
     _entry(gradwise.Muon, None, ("muon", dict(lr=0.02, adamw_lr=1e-3)), fused_backward=False,
            amplifies_state_error=True, torch_counterpart=torch.optim.Muon),
     _entry(gradwise.Shampoo, None, ("shampoo", dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8)),

@@ -33,7 +33,7 @@ def test_auto_runs_small_models_eagerly():
 
 @pytest.mark.slow
 def test_auto_compiles_large_models():
-    params = _params(1, optimizer_module.AUTO_COMPILE_MIN_NUMEL)
+    params = _params(1, stepping.AUTO_COMPILE_MIN_NUMEL)
     opt = gradwise.AdamW(params, lr=0.1)
     opt.step()
     assert opt.compile_stats["compiles"] == 1 and opt.compile_stats["seconds"] > 0
@@ -55,7 +55,7 @@ def test_compile_true_raises_when_the_chain_cannot_compile():
 
 @pytest.mark.slow
 def test_auto_falls_back_to_eager_once_and_steps_every_parameter_once(monkeypatch):
-    monkeypatch.setattr(optimizer_module, "AUTO_COMPILE_MIN_NUMEL", 0)
+    monkeypatch.setattr(stepping, "AUTO_COMPILE_MIN_NUMEL", 0)
     params, reference = _params(11, 10), _params(11, 10)
     opt = gradwise.Optimizer(params, _chain(), lr=0.1)
     eager = gradwise.Optimizer(reference, _chain(), lr=0.1, compile=False)

@@ -44,20 +44,15 @@ def test_every_recipe_writes_bfloat16_parameters_stochastically(recipe):
         p = _matrix(torch.bfloat16)
         start = p.detach().float()
         lr = 2e-5 if recipe is gradwise.CAME else 5e-4  # CAME's first step is about 11 lr per element
-        opt = build(recipe, [p], lr=lr, compile=False, param_rounding=rounding)
+        # Ranger21's warmup would make its first step 1/warmup of that: off, with lr a quarter ulp
+        extra = dict(use_warmup=False, lr=2e-3) if recipe is gradwise.Ranger21 else dict(lr=lr)
+        opt = build(recipe, [p], compile=False, param_rounding=rounding, **extra)
         p.grad = (2 * torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) - 1).to(torch.bfloat16)
         opt.step()
         change = (p.detach().float() - start).abs()
         assert (change <= 2**-7).all()
         moved[rounding] = int((change > 0).sum())
     assert moved["nearest"] == 0 and moved["stochastic"] > 0
-
-
-def test_ranger21_refuses_stochastic_rounding_with_the_reason():
-    with pytest.raises(ValueError, match=r"param_rounding='stochastic' for Ranger21: its prologue shrinks"):
-        gradwise.Ranger21([_matrix(torch.bfloat16)], lr=1e-3, num_iterations=10, param_rounding="stochastic")
-    with pytest.raises(ValueError, match=r"param_rounding='stochastic' for Ranger21"):
-        gradwise.Ranger21([{"params": [_matrix()], "param_rounding": "stochastic"}], lr=1e-3, num_iterations=10)
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if updates_inside_backward(r)], ids=lambda r: r.__name__)

@@ -1,6 +1,6 @@
 """One hook protocol: every composite (chain, route, project_low_rank, scale_by_apollo) forwards every
-optional hook (seed, advance, set_mode, skip_step, split_group) to the transforms it wraps that
-declare it, and a transform declares a hook by defining it."""
+optional hook (seed, advance, set_mode, split_group) and every reduction (a guard's skip decision) to
+the transforms it wraps that declare it, and a transform declares a hook by defining it."""
 from __future__ import annotations
 
 import pytest
@@ -107,10 +107,12 @@ def test_skip_nonfinite_inside_a_wrapper_skips_the_whole_step(wrap):
 
 
 class tally(Transform):
-    """Test-only: a user's transform that defines (and does not declare) seed, advance and skip_step."""
+    """Test-only: a user's transform that defines (and does not declare) seed and advance, and a guard
+    (a reduction with op "skip") that skips the step when any gradient it sees holds a 7."""
 
     name = "tally"
     state = ("count",)
+    reductions = {"sevens": "skip"}
 
     def init(self, param, group):
         return {"count": torch.zeros((), dtype=torch.float64)}
@@ -124,8 +126,8 @@ class tally(Transform):
     def update(self, updates, state, ctx):
         return updates
 
-    def skip_step(self, grads):
-        return torch.tensor(any(bool((g == 7).any()) for g in grads))
+    def reduce(self, updates, state, ctx):
+        return {"sevens": torch.stack([(u == 7).any() for u in updates]).any()}
 
 
 class double_in_eval(Transform):
@@ -177,12 +179,13 @@ def test_a_users_set_mode_reaches_it_through_chain_and_route(wrapper):
 
 
 def test_defining_a_hook_declares_it_and_composites_declare_what_they_wrap():
-    assert tally.hooks == {"seed", "advance", "skip_step"} and double_in_eval.hooks == {"set_mode"}
+    assert tally.hooks == {"seed", "advance"} and double_in_eval.hooks == {"set_mode"}
     assert trace.hooks == frozenset()
     evaluated, plain = lookahead(evaluate_slow=True), lookahead()
     assert type(evaluated) is lookahead and "set_mode" in evaluated.hooks and "set_mode" not in plain.hooks
     wrapped = route(by_dim, inner=chain(project_low_rank(tally())), other=chain(double_in_eval()))
-    assert all(uses(wrapped, hook) for hook in ("seed", "advance", "skip_step", "set_mode", "split_group"))
+    assert all(uses(wrapped, hook) for hook in ("seed", "advance", "set_mode", "split_group"))
+    assert wrapped.reductions == {"sevens": "skip"}
     assert not uses(chain(trace(), plain), "set_mode")
     with pytest.raises(ValueError, match=r"invalid hook='set_modes': expected one of \['advance', 'seed'"):
         uses(wrapped, "set_modes")

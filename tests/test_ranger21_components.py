@@ -57,9 +57,34 @@ def test_norm_loss_alone():
              lambda i, p, g: g + ref.norm_loss_term(p, 0.05, 1e-8))
 
 
+def _second_moment_mean(moments, grads, step, b2=0.999):
+    """Update each v with its gradient and return the mean of v / (1 - b2^t) over every element."""
+    for v, g in zip(moments, grads):
+        v.mul_(b2).add_(g * g * (1 - b2))
+    total = sum(float((v / (1 - b2**step)).sum()) for v in moments)
+    return total / sum(v.numel() for v in moments)
+
+
 def test_stable_weight_decay_alone():
-    _compare(add_stable_weight_decay(), dict(weight_decay=0.1, variance_normalizer=0.25),
-             lambda i, p, g: g + p * (0.1 / 0.25))
+    """n is the square root of the mean second moment over every parameter, a reduction of the step."""
+    from gradwise.transforms.regularizers import trace_second_moment
+
+    params = bag_of_tensors(torch.float64)
+    ours, theirs = _clone(params), [p.detach().clone() for p in params]
+    optimizer = gradwise.Optimizer(ours, chain(trace_second_moment(), add_stable_weight_decay(),
+                                               scale_by_learning_rate()), compile=False, lr=LR, weight_decay=0.1)
+    moments = [torch.zeros_like(p) for p in theirs]
+    for step in range(1, STEPS + 1):
+        grads = _random_grads(params, step)
+        for p, g in zip(ours, grads):
+            p.grad = g
+        optimizer.step()
+        n = _second_moment_mean(moments, grads, step) ** 0.5
+        for p, g in zip(theirs, grads):
+            p -= LR * (g + p * (0.1 / n))
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            torch.testing.assert_close(a.detach(), b, **TOL[torch.float64],
+                                       msg=lambda m: f"step {step} tensor {i}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -135,9 +160,12 @@ def test_compiled_equals_eager(transform, hyper):
 
 def test_non_elementwise_components_say_so():
     for t in (clip_by_agc(), centralize_gradient(), normalize_gradient(), add_norm_loss(),
-              scale_by_pnm_adam(renormalize=True)):
+              scale_by_pnm_adam(recentralize=True, renormalize=True)):
         assert t.elementwise is False, t
     assert scale_by_pnm_adam().elementwise and add_stable_weight_decay().elementwise
+    # renormalizing alone is a factor per tensor, found by prepare() on the whole input
+    renormalized = scale_by_pnm_adam(renormalize=True)
+    assert renormalized.elementwise and renormalized.prepares and not scale_by_pnm_adam().prepares
 
 
 def test_paper_formulas_agree_with_the_ranger21_package():
@@ -158,19 +186,24 @@ def test_paper_formulas_agree_with_the_ranger21_package():
 
 
 def test_shrink_like_ranger21_decays_then_applies_norm_loss_at_the_decayed_point():
+    from gradwise.transforms.regularizers import trace_second_moment
+
     schedule = schedules.warmup(10) + schedules.constant(200)
-    wd, normalizer, factor, eps = 0.5, 0.5, 0.05, 1e-8
+    wd, factor, eps = 0.5, 0.05, 1e-8
     params = bag_of_tensors(torch.float64)
     ours, theirs = _clone(params), [p.detach().clone() for p in params]
-    optimizer = gradwise.Optimizer(ours, chain(scale_by_learning_rate(), shrink_like_ranger21(schedule)), compile=False,
-                                   lr=LR, weight_decay=wd, variance_normalizer=normalizer, normloss_factor=factor,
-                                   eps=eps)
+    optimizer = gradwise.Optimizer(ours, chain(trace_second_moment(), scale_by_learning_rate(),
+                                               shrink_like_ranger21(schedule)), compile=False,
+                                   lr=LR, weight_decay=wd, normloss_factor=factor, eps=eps)
+    moments = [torch.zeros_like(p) for p in theirs]
+    count = sum(p.numel() for p in theirs)
     for step in range(STEPS):
         grads = _random_grads(params, step)
         for p, g in zip(ours, grads):
             p.grad = g
         optimizer.step()
         lr_t = LR * schedule(step)
+        normalizer = ((1 + _second_moment_mean(moments, grads, step + 1) * count) / count) ** 0.5
         for p, g in zip(theirs, grads):
             p *= 1 - lr_t * wd / normalizer
             p -= lr_t * ref.norm_loss_term(p, factor, eps)

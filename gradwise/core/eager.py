@@ -1,11 +1,11 @@
-"""The eager path: the chain's plain list code, run over cache-sized pieces of the parameters.
+"""The eager path: a phase's plain list code, run over cache-sized pieces of the parameters.
 
-An elementwise chain gives the same result on any slicing of its tensors, so the eager path runs it
-on slices of about ``EAGER_CHUNK`` elements, several small parameters batched together. The chain's
+An elementwise phase (``core/phases.py``) gives the same result on any slicing of its tensors, so the
+eager path runs it on slices of about ``EAGER_CHUNK`` elements, several small parameters batched together. The chain's
 temporaries then stay small: they come from the allocator's free lists and the caches instead of
 fresh pages (each freshly mapped page costs a fault), which is most of the cost of a foreach step.
 Parameters whose state is not shaped like them (per-parameter scalars) or whose memory is not one
-dense run run whole, as does every parameter of a chain that is not elementwise. State that is not
+dense run run whole, as does every parameter of a phase that is not elementwise. State that is not
 shaped like its parameter (a 0-d running product) is only read by ``update`` (``Transform.advance``
 writes it), so every piece of the parameter sees it whole.
 """
@@ -16,68 +16,76 @@ from typing import Any, Mapping
 from torch import Tensor
 
 from gradwise.core.executor import Layout, flat_alias, flattenable, rounding_rows, run_chain
-from gradwise.core.transform import Transform
+from gradwise.core.phases import Phase
 
 #: elements per piece: 64K float32 elements make 256 KiB temporaries, which stay in L2.
 EAGER_CHUNK = 1 << 16
 
 
 def run_eager(
-    transform: Transform,
+    phase: Phase,
     params: list[Tensor],
-    grads: list[Tensor],
+    inputs: list[Tensor],
     states: list[Mapping[str, Tensor]],
     values: Tensor,
     layout: Layout,
     static: Mapping[str, Any],
     seeds: list[int] | None = None,
-) -> None:
-    """One step of ``transform`` on every parameter, in pieces where the chain allows it. ``seeds``
-    (one per parameter) are the stochastic-rounding seeds of bfloat16 parameters, else None."""
+    outputs: list[Tensor] | None = None,
+) -> list[dict[str, Tensor]]:
+    """One phase of the step on every parameter, in pieces where the phase allows it; returns the
+    parts of the next phase's reductions, one dict per piece run. ``seeds`` (one per parameter) are
+    the stochastic-rounding seeds of bfloat16 parameters, else None; ``outputs``: as ``run_chain``'s."""
     whole: list[int] = []
-    batch: list[tuple[Tensor, Tensor, dict[str, Tensor], int, int]] = []
+    batch: list[tuple] = []
+    parts: list[dict[str, Tensor]] = []
     size = 0
-    for i, (p, g, state) in enumerate(zip(params, grads, states)):
+    for i, (p, g, state) in enumerate(zip(params, inputs, states)):
         seed = 0 if seeds is None else seeds[i]
-        if not _sliceable(transform, p, g, state):
+        out = None if outputs is None else outputs[i]
+        if not _sliceable(phase, p, g, state):
             whole.append(i)
             continue
         if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
-            pieces = [(p, g, dict(state), seed, 0)]
+            pieces = [(p, g, dict(state), seed, 0, out)]
         else:
             flat_p, flat_g = flat_alias(p), flat_alias(g)
+            flat_out = None if out is None else flat_alias(out)
             flat_state = {k: flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
             pieces = [(flat_p[piece], flat_g[piece],
                        {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()},
-                       seed, piece.start)
+                       seed, piece.start, None if flat_out is None else flat_out[piece])
                       for piece in (slice(start, start + EAGER_CHUNK) for start in range(0, p.numel(), EAGER_CHUNK))]
         for piece in pieces:
             batch.append(piece)
             size += piece[0].numel()
             if size >= EAGER_CHUNK:
-                _run_batch(transform, batch, values, layout, static, seeds is not None)
+                parts.append(_run_batch(phase, batch, values, layout, static, seeds is not None))
                 batch, size = [], 0
     if batch:
-        _run_batch(transform, batch, values, layout, static, seeds is not None)
+        parts.append(_run_batch(phase, batch, values, layout, static, seeds is not None))
     if whole:
         keys = states[whole[0]].keys()
         rounding = None if seeds is None else rounding_rows([seeds[i] for i in whole], [0] * len(whole),
                                                             params[0].device)
-        run_chain(transform, [params[i] for i in whole], [grads[i] for i in whole],
-                  {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding)
+        parts.append(run_chain(phase, [params[i] for i in whole], [inputs[i] for i in whole],
+                               {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding,
+                               None if outputs is None else [outputs[i] for i in whole]))
+    return parts
 
 
-def _sliceable(transform: Transform, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
+def _sliceable(phase: Phase, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
     return (
-        transform.elementwise
+        phase.elementwise
         and p.numel() > 0
         and all(v.shape == p.shape or v.dim() == 0 for v in state.values())
         and flattenable(p, g, state)
     )
 
 
-def _run_batch(transform, batch, values, layout, static, rounds: bool) -> None:
+def _run_batch(phase, batch, values, layout, static, rounds: bool) -> dict[str, Tensor]:
     keys = batch[0][2].keys()
     rounding = rounding_rows([b[3] for b in batch], [b[4] for b in batch], batch[0][0].device) if rounds else None
-    run_chain(transform, [b[0] for b in batch], [b[1] for b in batch],
-              {k: [b[2][k] for b in batch] for k in keys}, values, layout, static, rounding)
+    outputs = None if batch[0][5] is None else [b[5] for b in batch]
+    return run_chain(phase, [b[0] for b in batch], [b[1] for b in batch],
+                     {k: [b[2][k] for b in batch] for k in keys}, values, layout, static, rounding, outputs)

@@ -19,8 +19,9 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
-from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.core.transform import Context, state_dtype
 
 logger = logging.getLogger("gradwise")
 
@@ -45,9 +46,19 @@ def pack(hyper: Mapping[str, Any], scalars: Mapping[str, float], dtype: torch.dt
     return torch.tensor(flat, dtype=dtype, device=device), tuple(layout)
 
 
-def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The inverse of ``pack``: ``(hyper, scalars)`` dicts of 0-d tensors (tuples for tuple entries)."""
-    out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}}
+def with_totals(values: Tensor, layout: Layout, totals: Mapping[str, Tensor]) -> tuple[Tensor, Layout]:
+    """``values`` and its layout with a step's reduction totals (0-d tensors) appended, on the device:
+    nothing waits for them, and changing them never recompiles."""
+    if not totals:
+        return values, layout
+    appended = torch.stack([t.to(device=values.device, dtype=values.dtype) for t in totals.values()])
+    return torch.cat([values, appended]), layout + tuple(("reduced", name, 0) for name in totals)
+
+
+def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The inverse of ``pack`` and ``with_totals``: ``(hyper, scalars, reduced)`` dicts of 0-d tensors
+    (tuples for tuple entries)."""
+    out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}, "reduced": {}}
     i = 0
     for kind, name, width in layout:
         if width:
@@ -56,33 +67,50 @@ def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, An
         else:
             out[kind][name] = values[i]
             i += 1
-    return out["hyper"], out["scalar"]
+    return out["hyper"], out["scalar"], out["reduced"]
 
 
 def run_chain(
-    transform: Transform,
+    phase: Phase,
     params: list[Tensor],
-    grads: list[Tensor],
+    inputs: list[Tensor],
     state: Mapping[str, list[Tensor]],
     values: Tensor,
     layout: Layout,
     static: Mapping[str, Any],
     rounding: Tensor | None = None,
-) -> None:
-    """One optimizer step over aligned lists: ``p <- p + chain(g)``; mutates params and state.
+    outputs: list[Tensor] | None = None,
+    keep: list[Tensor] | None = None,
+    scratch: list[Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """One phase of an optimizer step over aligned lists; mutates state, and the params (the last
+    phase: ``p <- p + phase(g)``) or ``outputs`` (an earlier one: the update so far, for the next
+    phase; or, eagerly, ``keep``, which gets the update tensors themselves, which the phase's last link
+    may have written into ``scratch``: ``Context.out``). ``inputs`` are the
+    gradients, or the previous phase's outputs. Returns the parts of the next phase's reductions, from
+    this phase's output (``Phase.partials``).
 
     ``rounding`` (int64, one row (seed, first element's index) per parameter) is given when the
     parameters are bfloat16 and written with stochastic rounding (``gradwise.core.rounding``)."""
-    hyper, scalars = unpack(values, layout)
-    maximize = static["maximize"]
-    updates = [(-g if maximize else g).to(state_dtype(p)) for p, g in zip(params, grads)]
-    ctx = Context(params, grads, hyper, static, scalars)
-    updates = transform.update(updates, state, ctx)
+    hyper, scalars, reduced = unpack(values, layout)
+    negate = static["maximize"] and phase.reads_grads
+    updates = [(-g if negate else g).to(state_dtype(p)) for p, g in zip(params, inputs)]
+    ctx = Context(params, inputs, hyper, static, scalars, reduced, scratch)
+    updates = phase.update(updates, state, ctx)
+    parts = phase.partials(updates, state, ctx)
+    if not phase.last:
+        if keep is not None:
+            keep.extend(updates)
+        elif outputs is not None:  # an empty phase (a reduction of the gradients) passes them on as they are
+            for out, u in zip(outputs, updates):
+                out.copy_(u)
+        return parts
     for i, (p, u) in enumerate(zip(params, updates)):
         if rounding is None:
             p.add_(u)
         else:
             add_stochastically(p, u, rounding[i, 0], rounding[i, 1])
+    return parts
 
 
 def rounding_rows(seeds: list[int], starts: list[int], device) -> Tensor:
@@ -95,9 +123,9 @@ GROUP = 8
 
 
 class CompiledStep:
-    """``torch.compile`` of the chain's step, with its own dynamo cache, counted and timed.
+    """``torch.compile`` of one phase of the chain's step, with its own dynamo cache, counted and timed.
 
-    An elementwise chain is compiled for flat 1-D tensors of symbolic length, ``GROUP`` parameters
+    An elementwise phase is compiled for flat 1-D tensors of symbolic length, ``GROUP`` parameters
     per call (each its own length) plus single parameters for the remainder: two graphs serve every
     parameter whatever its shape. Other chains are compiled one parameter at a time for its shape.
     Each instance compiles a private copy of the step function, so optimizers never share (or
@@ -105,14 +133,14 @@ class CompiledStep:
     adds up the wall time of the calls that compiled (tracing, code generation and that first run).
     """
 
-    def __init__(self, transform: Transform):
-        self.transform = transform
+    def __init__(self, phase: Phase):
+        self.phase = phase
         self.compiles = 0
         self.compile_seconds = 0.0
         self.done = 0
         self._compiled_for: set[tuple] = set()
         fn = private_copy(run_chain)
-        self._flatten = transform.elementwise
+        self._flatten = phase.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
         # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
@@ -143,25 +171,31 @@ class CompiledStep:
             return False
         return not self._flatten or flattenable(p, g, state)
 
-    def __call__(self, params, grads, states, values: Tensor, layout, static, seeds=None) -> int:
-        """Step the parameters (``accepts`` must have said yes to each). ``done`` counts the ones
-        stepped, so that a caller can finish the rest eagerly if a compilation fails. ``seeds``, one
-        per parameter, are the stochastic-rounding seeds of bfloat16 parameters (else None)."""
+    def __call__(self, params, inputs, states, values: Tensor, layout, static, seeds=None,
+                 outputs=None) -> list[dict[str, Tensor]]:
+        """Run the phase on the parameters (``accepts`` must have said yes to each) and return the
+        parts of the next phase's reductions, one dict per call. ``done`` counts the parameters run, so
+        that a caller can finish the rest eagerly if a compilation fails. ``seeds``, one per parameter,
+        are the stochastic-rounding seeds of bfloat16 parameters (else None); ``outputs``: as
+        ``run_chain``'s."""
         self.done = 0
+        parts = []
         size = GROUP if self._flatten else 1
         while self.done < len(params):
             n = size if len(params) - self.done >= size else 1
             batch = slice(self.done, self.done + n)
             rounding = None if seeds is None else rounding_rows(seeds[batch], [0] * n, params[0].device)
-            self._call(params[batch], grads[batch], states[batch], values, layout, static, rounding)
+            parts.append(self._call(params[batch], inputs[batch], states[batch], values, layout, static, rounding,
+                                    None if outputs is None else outputs[batch]))
             self.done += n
-        return self.done
+        return parts
 
-    def _call(self, params, grads, states, values, layout, static, rounding=None) -> None:
+    def _call(self, params, grads, states, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
         if self._flatten:
             states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
                       for p, st in zip(params, states)]
             params, grads = [self._flat(p) for p in params], [flat_alias(g) for g in grads]
+            outputs = None if outputs is None else [flat_alias(o) for o in outputs]
         else:
             # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
             params = [p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
@@ -176,15 +210,16 @@ class CompiledStep:
             if key not in self._compiled_for:
                 # compile on copies first: a graph that fails to compile then changes nothing
                 copies = {k: [v.clone() for v in vs] for k, vs in state.items()}
-                self._compiled(self.transform, [p.clone() for p in params], grads, copies, values, layout, static,
-                               rounding)
+                self._compiled(self.phase, [p.clone() for p in params], grads, copies, values, layout, static,
+                               rounding, None if outputs is None else [o.clone() for o in outputs])
                 self._compiled_for.add(key)
-            self._compiled(self.transform, params, grads, state, values, layout, static, rounding)
+            parts = self._compiled(self.phase, params, grads, state, values, layout, static, rounding, outputs)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
-            logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.transform, len(params),
+            logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.phase, len(params),
                         params[0].dtype, params[0].device, seconds)
+        return parts
 
 
 def flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:

@@ -19,14 +19,13 @@ that one parameter (exactly what ``optimizer.step()`` would compute for it) and 
 
 Every backward is a step: gradient accumulation over several backward passes is not possible, and
 ``torch.nn.utils.clip_grad_norm_`` between backward and step sees no gradients. Chains that need all
-gradients of a step before any update (a ``skip_step`` guard such as ``skip_nonfinite``, matrix
-preconditioners that batch matrices across parameters, optimizers that override ``step`` to reduce
-over every parameter) raise at ``fused_backward``. A hook that raises (a bad hyperparameter set by a
+gradients of a step before any update (a guard such as ``skip_nonfinite``, a reduction over every
+parameter such as ``clip_by_global_norm``, matrix preconditioners that batch matrices across
+parameters) raise at ``fused_backward``. A hook that raises (a bad hyperparameter set by a
 scheduler, a sparse gradient) leaves the parameters already stepped in that backward stepped.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -83,7 +82,7 @@ class FusedBackward:
         check_hyperparameters(optimizer, group)
         if p.grad.is_sparse:
             raise TypeError(f"{self._label(p)} has a sparse gradient; gradwise optimizers need dense gradients")
-        optimizer._run_bucket(group, [p])
+        optimizer.step_parameters(group, [p])
         p.grad = None
 
     def remove(self) -> None:
@@ -116,17 +115,19 @@ def fused_backward(optimizer: Any) -> FusedBackward:
         raise TypeError(f"invalid optimizer of type {kind}: fused_backward() takes a gradwise Optimizer"
                         " (e.g. gradwise.AdamW); for torch.optim, see PyTorch's per-parameter-optimizer tutorial")
     name = type(optimizer).__name__
-    if uses(optimizer.transform, "skip_step"):
+    statistics = optimizer.transform.reductions
+    if any(op == "skip" for op in statistics.values()):
         raise ValueError(f"fused_backward({name}): its chain has a guard ({optimizer.transform!r}) that decides"
                          " from every gradient of the step whether to skip it (skip_nonfinite=True); inside"
                          " backward the first parameters are updated before the last gradients exist")
+    if statistics:
+        raise ValueError(f"fused_backward({name}): its chain reduces {sorted(statistics)} over every parameter of"
+                         " the step before updating any (e.g. clip_by_global_norm); inside backward the first"
+                         " parameters are updated before the last gradients exist")
     for group in optimizer.param_groups:
         if optimizer.transform.for_group(group).batched:
             raise ValueError(f"fused_backward({name}): {optimizer.transform.for_group(group)!r} batches"
                              " matrices across parameters, so it needs every gradient of the step first")
-    if inspect.unwrap(type(optimizer).step) is not inspect.unwrap(Optimizer.step):  # torch wraps step()
-        raise ValueError(f"fused_backward({name}): {name} overrides step() to compute something from all"
-                         " parameters before each step, which cannot happen inside backward")
     for group in optimizer.param_groups:
         for index, p in enumerate(group["params"]):
             if isinstance(p, DTensor):

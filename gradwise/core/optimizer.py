@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections import defaultdict
 from typing import Any, Iterable
 
 import torch
 from torch import Tensor
 
-from gradwise.core.eager import run_eager
-from gradwise.core.executor import CompiledStep, pack
-from gradwise.core.hashing import seed
+from gradwise.core.executor import CompiledStep
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
-from gradwise.core.params import any_rank, check_disjoint, check_new_group, local
-from gradwise.core.rounding import check_rounding, rounds_stochastically
+from gradwise.core.params import check_disjoint, check_new_group, local
+from gradwise.core.phases import Phase
+from gradwise.core.rounding import check_rounding
 from gradwise.core.state_check import (
     BOOKKEEPING_KEYS,
     check_step,
@@ -31,18 +29,16 @@ from gradwise.core.state_check import (
     put_back_uncast,
     save_counters,
 )
-from gradwise.core.state_keys import has_buffer
+from gradwise.core.stepping import PhasedStep
 from gradwise.core.storage import optimizers_taking_state, storage_for
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
-from gradwise.core.transform import Transform, chain, state_dtype, uses
+from gradwise.core.transform import Transform, chain, uses
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
-_REBUILT = ("_compiled", "_positions")
-#: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
-AUTO_COMPILE_MIN_NUMEL = 1 << 20
+_REBUILT = ("_compiled", "_positions", "_plans", "_scratch")
 
 
-class Optimizer(torch.optim.Optimizer):
+class Optimizer(PhasedStep, torch.optim.Optimizer):
     """Run ``transform`` as a drop-in ``torch.optim.Optimizer``.
 
     Args:
@@ -109,9 +105,9 @@ class Optimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
-        self._compiled: dict[Transform, CompiledStep] = {}  # one per chain that runs (one per route)
+        self._compiled: dict[Phase, CompiledStep] = {}  # one per phase that runs (of each route's chain)
         self.storage = storage_for(state, transform)  # where state buffers live: float32, or encoded
-        reason = _encoded_state_refusal(type(self)) if self.storage.policy is not None else None
+        reason = getattr(type(self), "state_refusal", None) if self.storage.policy is not None else None
         if reason:
             raise state_refused(type(self), state, reason)
         super().__init__(params, defaults)
@@ -225,7 +221,7 @@ class Optimizer(torch.optim.Optimizer):
     # ----------------------------------------------------------------- the step
     @torch.no_grad()
     def step(self, closure=None):
-        """Apply one step of the chain to every parameter that has a gradient."""
+        """Apply one step of the chain to every parameter that has a gradient (``core/stepping.py``)."""
         if self.mode == "eval" and self._has_modes():
             raise RuntimeError(f"{type(self).__name__}.step() called in eval mode: the parameters hold the"
                                " evaluation point, not the training point; call optimizer.train() first")
@@ -233,154 +229,16 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        work = []
-        for group in self.param_groups:
-            work.append((group, [p for p in group["params"] if p.grad is not None]))
+        work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
         self._check_inputs()
-        if self._must_skip(work):
+        if not self._run_step(work):
             self.skipped_steps += 1
-            return loss
-        for group, params in work:
-            for bucket in _buckets(params):
-                self._run_bucket(group, bucket)
         return loss
 
-    def _must_skip(self, work) -> bool:
-        grads = [local(p.grad) for _, params in work for p in params]
-        flag = self.transform.skip_step(grads) if grads else None
-        if uses(self.transform, "skip_step"):
-            # each rank of a sharded (DTensor) model checks only its own shards: skip on all or none
-            flag = any_rank(flag, [p for group in self.param_groups for p in group["params"]])
-        return bool(flag) if flag is not None else False
-
-    def _run_bucket(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        fresh = [p for p in params if p not in self.state]
-        states = [self._state_for(p, group) for p in params]
-        device = params[0].device
-        dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
-        hyper, static = self._hyper_values(group)
-        transform = self.transform.for_group(group)
-        advances = uses(transform, "advance")
-        # Everything a step can check was checked before its first write (state_check.check_step).
-        # On an exception here the counters, the 0-d state advance() wrote and newly created state
-        # are put back, so a compile failure (graphs compile on copies first) changes nothing. An
-        # exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier groups and
-        # buckets stepped and this bucket's parameters and param-shaped state in part (README).
-        saved = ([{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states]
-                 if advances else [])
-        try:
-            by_step: dict[int, list[int]] = defaultdict(list)
-            for i, st in enumerate(states):
-                st["step"] += 1
-                by_step[int(st["step"])].append(i)
-            for step, members in by_step.items():
-                scalars = transform.scalars(group, step)
-                for i in members if advances else ():
-                    transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
-                values, layout = pack(hyper, scalars, dtype, device)
-                self._run(transform, [params[i] for i in members], [states[i] for i in members], values, layout,
-                          static)
-        except BaseException:
-            for st in states:
-                st["step"] -= 1
-            for st, old in zip(states, saved):
-                for k, v in old.items():
-                    st[k].copy_(v)
-            for p in fresh:
-                del self.state[p]
-            raise
-
-    def _run(self, transform, params, states, values, layout, static) -> None:
-        encoded = {i for i, s in enumerate(states) if self.storage.is_encoded(s)}
-        if encoded:
-            order = sorted(encoded)
-            self.storage.run(transform, [params[i] for i in order], [states[i] for i in order],
-                             [self._position(params[i]) for i in order], values, layout, static,
-                             compiled=self._runner(transform) is not None, fall_back=self._fall_back)
-            params = [p for i, p in enumerate(params) if i not in encoded]
-            states = [s for i, s in enumerate(states) if i not in encoded]
-            if not params:
-                return
-        keys = [k for k in states[0] if k != "step"]
-        seeds = [seed(int(st["step"]), self._position(p), "param") for p, st in zip(params, states)] \
-            if rounds_stochastically(static, params[0].dtype) else None
-        views = [local(p) for p in params]
-        grads = [local(self._gradient(p)) for p in params]
-        own = [{k: local(s[k]) for k in keys} for s in states]
-        eager = list(range(len(views)))
-        runner = self._runner(transform)
-        if runner is not None:
-            chosen = [i for i in eager if runner.accepts(views[i], grads[i], own[i])]
-            compiled = set(chosen)
-            eager = [i for i in eager if i not in compiled]
-            try:
-                runner([views[i] for i in chosen], [grads[i] for i in chosen], [own[i] for i in chosen],
-                       values, layout, static, None if seeds is None else [seeds[i] for i in chosen])
-            except Exception as error:  # under "auto", a failed compile falls back to eager
-                self._fall_back(error)
-                eager += chosen[runner.done:]
-        if eager:
-            run_eager(transform, [views[i] for i in eager], [grads[i] for i in eager], [own[i] for i in eager],
-                      values, layout, static, None if seeds is None else [seeds[i] for i in eager])
-
-    def _gradient(self, p: Tensor) -> Tensor:
-        """The gradient the chain starts from: ``p.grad``, unless a recipe that shapes gradients before
-        its step (Ranger21's prologue) hands its own tensor over."""
-        return p.grad
-
-    def _fall_back(self, error: Exception) -> None:
-        """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""
-        if self.compile is True or not _is_compile_error(error):
-            raise error
-        warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=5)
-        self._use_compiled = False
-
-    def _runner(self, transform: Transform) -> CompiledStep | None:
-        """The compiled step for the chain; None (run eagerly) when compilation is off or the chain is
-        ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
-        same-shaped matrices into one batched matmul or eigh)."""
-        if self._use_compiled is None:
-            numel = sum(p.numel() for g in self.param_groups for p in g["params"])
-            self._use_compiled = numel >= AUTO_COMPILE_MIN_NUMEL
-        if not self._use_compiled or transform.batched:
-            return None
-        if transform not in self._compiled:
-            self._compiled[transform] = CompiledStep(transform)
-        return self._compiled[transform]
-
-    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
-        state = self.state[p]
-        transform = self.transform.for_group(group)
-        if "step" not in state or any(not has_buffer(state, k) for k in transform.state):
-            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
-            transform.seed(fresh, self._position(p))
-            names = group.get("param_names")
-            name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
-            self.storage.init(state, fresh, p, name, self._position(p))
-            state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
-        return state
-
-    def _position(self, p: Tensor) -> int:
-        """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
-        count = sum(len(g["params"]) for g in self.param_groups)
-        if getattr(self, "_positions", (None, 0))[1] != count:
-            ordered = (q for g in self.param_groups for q in g["params"])
-            self._positions = ({id(q): i for i, q in enumerate(ordered)}, count)
-        return self._positions[0][id(p)]
-
-    def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
-        hyper: dict[str, Any] = {}
-        static: dict[str, Any] = {}
-        for key, spec in self.hyper_specs.items():
-            value = group[key]
-            if spec.static:
-                static[key] = value
-                continue
-            if spec.zero_is_identity:
-                static[f"{key}!=0"] = float(value) != 0.0
-            hyper[key] = tuple(map(float, value)) if isinstance(value, (tuple, list)) else float(value)
-        return hyper, static
+    def step_parameters(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        """Step only ``params`` of ``group`` (each with its gradient, which the caller has checked): what
+        ``fused_backward`` runs as each gradient is made."""
+        self._run_step([(group, params)])
 
     # ----------------------------------------------------------------- introspection
     @property
@@ -394,27 +252,6 @@ class Optimizer(torch.optim.Optimizer):
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"
 
 
-def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
-    groups: dict[tuple, list[Tensor]] = defaultdict(list)
-    for p in params:
-        groups[(p.device, p.dtype, type(p))].append(p)
-    return list(groups.values())
-
-
-def _is_compile_error(error: Exception) -> bool:
-    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
-
-
-def _encoded_state_refusal(kind: type) -> str | None:
-    """Why optimizers of ``kind`` cannot keep encoded state, or None when they can: the recipe's own
-    reason (``state_refusal``: ScheduleFreeSGD's z is the weights' copy), or a ``step()`` of its own.
-    Encoded state runs each parameter's step alone (decode, update, encode) on the chain's own state."""
-    if getattr(kind, "state_refusal", None):
-        return kind.state_refusal
-    if kind._gradient is not Optimizer._gradient or inspect.unwrap(kind.step) is not inspect.unwrap(Optimizer.step):
-        return (f"{kind.__name__} shapes gradients and reads its state in step() before the chain runs, and encoded"
-                " state runs one parameter at a time")
-    return None
 
 
 def state_refused(cls: type, state: Any, reason: str | None, allowed: str = "state=None (its state as computed)"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import choice, non_negative_int
-from gradwise.core.params import DTensor, param_label
+from gradwise.core.params import DTensor, local, param_label
 from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.core.transform import counters_of
 
@@ -74,9 +74,11 @@ def check_step(optimizer) -> None:
                 raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
                                  f" {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            if not transform.elementwise and isinstance(p, DTensor):
+            sums = sorted(name for name, op in transform.reductions.items() if op != "skip")
+            if (not transform.elementwise or sums) and isinstance(p, DTensor):
+                needs = f"reduces {sums} over every parameter" if sums else "needs whole tensors"
                 raise NotImplementedError(
-                    f"{param_label(group, p, index)}: {transform!r} needs whole tensors, and gradwise does not yet"
+                    f"{param_label(group, p, index)}: {transform!r} {needs}, and gradwise does not yet"
                     " gather DTensor shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
             expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
@@ -85,6 +87,25 @@ def check_step(optimizer) -> None:
                                      f" {tuple(value.shape)}; expected shape {tuple(expected[key][0])}")
                 if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
                     raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
+
+
+def refuse_nonfinite(optimizer, work, culprit) -> None:
+    """Raise for a step whose statistics came out NaN or inf, read by ``culprit`` (a link that
+    ``refuses_nonfinite``: one such element would reach every parameter), naming the first parameter
+    whose gradient holds one (the caller has undone the step's preparations: nothing has changed)."""
+    for index, (group, params) in enumerate(work):
+        for p in params:
+            if p.grad.numel() and not bool(torch.isfinite(local(p.grad)).all()):
+                where = f"{param_label(group, p, index)} has NaN or inf in its gradient"
+                break
+        else:
+            continue
+        break
+    else:
+        where = "the step's statistics are NaN or inf (from the parameters or the state: no gradient holds one)"
+    raise ValueError(f"{type(optimizer).__name__}: {where}; {culprit!r} reads a statistic of every parameter of the"
+                     " step, so one such element would make every parameter NaN. Nothing was changed; pass"
+                     " skip_nonfinite=True to skip such steps (counted in skipped_steps)")
 
 
 def group_defaults(optimizer) -> dict[str, Any]:

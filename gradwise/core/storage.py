@@ -5,8 +5,9 @@ formats:
 
 - ``check(param_groups)``, once the groups exist (a policy's name rules must match a parameter);
 - ``init(state, fresh, p, name, position)``: store a parameter's fresh buffers (those it lacks);
-- ``is_encoded(state)``, then ``run(transform, params, states, positions, values, layout, static,
-  compiled, fall_back)`` for the parameters whose state is encoded: their whole step;
+- ``is_encoded(state)``, then ``run(phase, params, inputs, states, positions, values, layout, static,
+  compiled, fall_back, outputs)`` for the parameters whose state is encoded: one phase of their step
+  (``core/phases.py``), returning the parts of the next phase's reductions;
 - ``decoded(state, p)``: a parameter's buffers as float tensors, for reading;
 - ``expected_parts(tag, shape, signed)`` (the meta tensors a buffer encoded as ``tag`` is made of:
   a checkpoint is checked against them) and ``after_load(optimizer, state_dict)``: loading;

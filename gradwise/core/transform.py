@@ -7,12 +7,18 @@ on whole tensors when not, ``core/eager.py``) or compiles it with ``torch.compil
 per parameter. ``chain(a, b, c)`` is itself a transform whose links keep their state under namespaced
 keys (``"adam.exp_avg"``), so two momenta never collide.
 
-The optional hooks (``HOOKS``: ``seed``, ``advance``, ``set_mode``, ``skip_step``, ``split_group``) are
+The optional hooks (``HOOKS``: ``seed``, ``advance``, ``set_mode``, ``split_group``) are
 declared, in ``Transform.hooks``: a class that defines one in its body declares it. A composite
 (``chain``, ``route``, ``project_low_rank``, ``scale_by_apollo``) names what it wraps in ``wrapped``, and
 the base class's hook methods forward each hook to the wrapped transforms that use it; ``uses(t, hook)``
 reads the declarations of ``t`` and everything it wraps. So a hook a transform gains is forwarded by
 every wrapper, and the optimizer calls a hook only on a chain that uses it.
+
+A transform may also declare ``reductions``: small statistics of its input over every parameter of
+the step (a sum of squares, a maximum, whether anything is NaN), computed by its ``reduce`` on each
+bucket, combined by the engine (``core/phases.py``) before the link runs and handed to its ``update``
+(and every later link's) as ``ctx[name]``. The engine runs such a chain in phases, every bucket
+through one phase before the next, so a global-norm clip or a guard is an ordinary link.
 
 The update convention follows optax: the chain turns gradients into the *change* added to the
 parameters, so recipes end with ``scale_by_learning_rate`` (which multiplies by ``-lr``).
@@ -36,7 +42,9 @@ class Context:
     name to a 0-d tensor (a tuple of them for tuple-valued entries such as ``betas``); ``scalars``
     holds the link's own values from ``Transform.scalars`` as 0-d tensors; ``static`` holds Python
     values: static hyperparameters, and for every ``zero_is_identity`` hyperparameter the flag
-    ``"<name>!=0"``. ``ctx[name]`` looks in ``static``, then ``scalars``, then ``hyper``.
+    ``"<name>!=0"``; ``reduced`` holds the totals of the step's reductions computed so far (0-d
+    tensors, over every parameter of the step). ``ctx[name]`` looks in ``static``, ``scalars``,
+    ``reduced``, then ``hyper``.
     """
 
     params: list[Tensor]
@@ -44,12 +52,18 @@ class Context:
     hyper: Mapping[str, Any]
     static: Mapping[str, Any] = field(default_factory=dict)
     scalars: Mapping[str, Tensor] = field(default_factory=dict)
+    reduced: Mapping[str, Tensor] = field(default_factory=dict)
+    #: for the last link of a phase whose results the next phase reads: tensors shaped like the
+    #: updates, kept between steps, that it may write its results into (``out=``) instead of new memory
+    out: list[Tensor] | None = None
 
     def __getitem__(self, name: str) -> Any:
         if name in self.static:
             return self.static[name]
         if name in self.scalars:
             return self.scalars[name]
+        if name in self.reduced:
+            return self.reduced[name]
         return self.hyper[name]
 
     def active(self, name: str) -> bool:
@@ -59,7 +73,10 @@ class Context:
 
 #: the hooks a transform may implement besides ``init``, ``scalars`` and ``update`` (which every
 #: transform has), and which the optimizer calls only on a chain that ``uses`` them.
-HOOKS = ("seed", "advance", "set_mode", "skip_step", "split_group")
+HOOKS = ("seed", "advance", "set_mode", "split_group")
+#: how a reduction's partial values combine over buckets (and, later, ranks): "skip" is an "any"
+#: whose total, when true, skips the whole step (nothing changes; ``skipped_steps`` counts it).
+REDUCE_OPS = ("sum", "max", "any", "skip")
 
 
 class Transform:
@@ -94,6 +111,19 @@ class Transform:
     elementwise: bool = True
     batched: bool = False
     hooks: frozenset[str] = frozenset()
+    #: the statistics ``reduce`` computes, name -> one of ``REDUCE_OPS``; a composite has those of
+    #: the transforms it wraps (a name is one statistic in the whole chain: two links may not share one)
+    reductions: Mapping[str, str] = {}
+    #: the statistics (of ``reductions``) this link's update reads, which a link before it (or itself) computes
+    reads: tuple[str, ...] = ()
+    #: a link through which one NaN or inf gradient element would reach every parameter (it reads a
+    #: statistic of the whole step): the optimizer refuses such a step, naming the parameter, unless a
+    #: guard (``skip_nonfinite``) skips it
+    refuses_nonfinite: bool = False
+    #: a link that moves the point the later links of its chain take their step from (``point_factors``)
+    moves_point: bool = False
+    #: a link that computes some of its own state from its whole input before its update (``prepare``)
+    prepares: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -117,7 +147,7 @@ class Transform:
         to the wrapped transforms that use it.
         """
         for namespace, t in _wrapped_using(self, "seed"):
-            t.seed(_strip(namespace, state), index)
+            t.seed(strip_namespace(namespace, state), index)
 
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         """Per-step constants computed in Python from the hyperparameters and the step count (e.g.
@@ -136,7 +166,7 @@ class Transform:
         to the wrapped transforms that use it.
         """
         for namespace, t in _wrapped_using(self, "advance"):
-            t.advance(_strip(namespace, state), hyper, _strip(namespace, scalars))
+            t.advance(strip_namespace(namespace, state), hyper, strip_namespace(namespace, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
@@ -150,15 +180,39 @@ class Transform:
         defines it; the default forwards to the wrapped transforms of ``group`` that use it.
         """
         for namespace, t in _wrapped_using(self, "set_mode", group):
-            t.set_mode(mode, param, _strip(namespace, state), group)
+            t.set_mode(mode, param, strip_namespace(namespace, state), group)
 
-    def skip_step(self, grads: list[Tensor]) -> Tensor | None:
-        """A guard: return a bool tensor that is True when the whole optimizer step must be skipped
-        (``grads``: every gradient of the step). The default: whether any wrapped guard says so."""
-        flags = [f for _, t in _wrapped_using(self, "skip_step") if (f := t.skip_step(grads)) is not None]
-        if not flags:
-            return None
-        return torch.stack(flags).any() if len(flags) > 1 else flags[0]
+    def reduce(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> dict[str, Tensor]:
+        """This bucket's part of each statistic in ``reductions``, from this link's input ``updates``, its
+        state before its update and ``ctx`` (0-d tensors; combined over every bucket of the step by the
+        statistic's op, so a part must be combinable: a sum, maximum or any of element-wise values). The
+        engine runs it before the link's ``update``, which reads the totals as ``ctx[name]``. The
+        default forwards to the wrapped transforms that reduce, on this transform's input."""
+        out: dict[str, Tensor] = {}
+        for namespace, t in self.wrapped():
+            if t.reductions:
+                out.update(t.reduce(updates, strip_namespace(namespace, state), scoped(namespace, ctx)))
+        return out
+
+    def point_factors(self, params: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
+        """For a link that ``moves_point``: the factor (broadcastable: 0-d, or one per row) each
+        parameter is multiplied by before the step (Ranger21's decay before its core). The engine runs
+        it on whole tensors at the start of the link's phase, after the reductions before it, and
+        writes the parameters there; the link's ``update`` is the identity, so the links of its phase
+        take their step from the moved parameters. ``params`` are in the state's dtype."""
+        raise NotImplementedError
+
+    def fuse(self, other: "Transform") -> "Transform | None":
+        """This stateless link and the stateless ``other`` right after it as one link computing both
+        (fewer passes), or None. The engine fuses where it can (``core/phases.py``); the default: None."""
+        return None
+
+    def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
+        """For a link whose class sets ``prepares``: write its own state that is not shaped like the
+        parameter (a per-tensor 0-d factor) from its input ``updates``, which it sees whole, before its
+        ``update`` runs, so that the update itself can be elementwise and run in pieces or compiled flat
+        (Ranger21's renormalized momentum input). The engine runs it where it runs ``reduce``."""
+        raise NotImplementedError
 
     def links(self) -> list[tuple[str, "Transform"]]:
         """The (namespace, transform) pairs this transform is made of."""
@@ -199,6 +253,13 @@ class Chain(Transform):
         self.weights_like = tuple(f"{n}.{k}" for n, t in zip(self._names, self.transforms) for k in t.weights_like)
         self.elementwise = all(t.elementwise for t in self.transforms)
         self.batched = any(t.batched for t in self.transforms)
+        self.reductions = merged_reductions(self.transforms)
+        for i, t in enumerate(self.transforms):
+            missing = [name for name in t.reads if not any(name in s.reductions for s in self.transforms[:i + 1])]
+            if missing:
+                raise ValueError(f"chain(): {t!r} reads the statistic(s) {missing}, which no link before it computes"
+                                 " (e.g. trace_second_moment() or scale_by_pnm_adam(second_moment_statistics=True)"
+                                 " reports the second moment)")
         merged: dict[str, Hyper] = {}
         for t in self.transforms:
             for key, spec in t.hyper.items():
@@ -236,14 +297,24 @@ class Chain(Transform):
         return {f"{name}.{k}": v for name, t in self.links() for k, v in t.scalars(hyper, step).items()}
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
-        for name, t in self.links():
-            own_state = _strip(name, state)
-            own_ctx = replace(ctx, scalars=_strip(name, ctx.scalars))
-            updates = t.update(updates, own_state, own_ctx)
-        return updates
+        return run_links(self.links(), updates, state, ctx)
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(repr(t) for t in self.transforms) + ")"
+
+
+def merged_reductions(transforms) -> dict[str, str]:
+    """The reductions of ``transforms`` together; a statistic's name may belong to one of them only."""
+    merged: dict[str, str] = {}
+    for t in transforms:
+        for name, op in t.reductions.items():
+            if op not in REDUCE_OPS:
+                raise ValueError(f"{t!r} declares reduction {name!r} with op={op!r}: expected one of {REDUCE_OPS}")
+            if name in merged:
+                raise ValueError(f"two links of one chain compute the statistic {name!r} ({t!r} and another);"
+                                 " a chain holds one link per statistic (e.g. one clip_by_global_norm)")
+            merged[name] = op
+    return merged
 
 
 def uses(transform: Transform, hook: str, group: Mapping[str, Any] | None = None) -> bool:
@@ -275,12 +346,28 @@ def _wrapped_using(transform: Transform, hook: str,
     return [(namespace, t) for namespace, t in transform.wrapped(group) if uses(t, hook, group)]
 
 
-def _strip(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, Any]:
+def strip_namespace(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, Any]:
     """The entries under ``namespace`` with it taken off their keys (namespace ``""``: all, as they are)."""
     if not namespace:
         return entries
     prefix = namespace + "."
     return {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
+
+
+def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: Mapping[str, list[Tensor]],
+              ctx: Context) -> list[Tensor]:
+    """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars (only
+    the last may write into ``ctx.out``)."""
+    inner = replace(ctx, out=None) if ctx.out is not None else ctx
+    for i, (namespace, t) in enumerate(links):
+        updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx if i == len(links) - 1
+                                                                                  else inner))
+    return updates
+
+
+def scoped(namespace: str, ctx: Context) -> Context:
+    """``ctx`` as the link under ``namespace`` sees it: its own scalars, under their own names."""
+    return replace(ctx, scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
 
 
 def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:

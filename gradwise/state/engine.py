@@ -14,6 +14,7 @@ from torch import Tensor
 from gradwise.core.executor import rounding_rows
 from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
+from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
@@ -32,7 +33,7 @@ class EncodedState:
         self.transform = transform
         self.nonnegative = frozenset(transform.nonnegative)
         self.weights_like = frozenset(transform.weights_like)
-        self._compiled: dict[Transform, CompiledCodedStep] = {}  # one per chain that runs (one per route)
+        self._compiled: dict[Phase, CompiledCodedStep] = {}  # one per phase that runs (chains of routes, phases)
         self._specs: dict[tuple, Specs] = {}
 
     @classmethod
@@ -85,33 +86,40 @@ class EncodedState:
         return buffers
 
     # ------------------------------------------------------------- the step
-    def run(self, transform: Transform, params: list[Tensor], states: list[dict[str, Tensor]], positions: list[int],
-            values: Tensor, layout_: Any, static: Mapping[str, Any], compiled: bool,
-            fall_back: Callable[[Exception], None]) -> None:
-        """One step of ``transform`` (the chain of these parameters' group: a route's own chain under
-        ``route()``) for every parameter in ``params`` (all with encoded state), one parameter at a
-        time; a batched transform sees a batch of one. ``fall_back(error)`` is called when a compile
-        fails: it re-raises, or the rest runs eagerly."""
-        for p, state, position in zip(params, states, positions):
+    def run(self, phase: Phase, params: list[Tensor], inputs: list[Tensor], states: list[dict[str, Tensor]],
+            positions: list[int], values: Tensor, layout_: Any, static: Mapping[str, Any], compiled: bool,
+            fall_back: Callable[[Exception], None], outputs: list[Tensor] | None = None) -> list[dict[str, Tensor]]:
+        """One phase of the step (``core/phases.py``: the whole chain of these parameters' group, a
+        route's own chain under ``route()``, unless it runs in phases) for every parameter in ``params``
+        (all with encoded state), one parameter at a time; a batched phase sees a batch of one. Only the
+        buffers of the phase are decoded, and only those it writes encoded again. Returns the parts of
+        the next phase's reductions. ``fall_back(error)`` is called when a compile fails: it re-raises,
+        or the rest runs eagerly."""
+        wanted = frozenset(phase.state)
+        parts_out = []
+        for i, (p, state, position) in enumerate(zip(params, states, positions)):
             plain_keys, encoded = layout(tuple(state))
+            encoded = tuple((b, tag) for b, tag in encoded if b in wanted)
             specs = self._specs_for(encoded)
-            plain = {k: local(state[k]) for k in plain_keys if k != "step"}
+            plain = {k: local(state[k]) for k in plain_keys if k in wanted}
             parts = {buffer: parts_of(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
             rounding = rounding_rows([seed(step, position, "param")], [0], p.device) \
                 if rounds_stochastically(static, p.dtype) else None
-            args = (specs, local(p), local(p.grad), plain, parts, seeds, values, layout_, static, rounding)
+            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
+                    None if outputs is None else local(outputs[i]))
             if compiled and p.numel() >= 2:
-                if transform not in self._compiled:
-                    self._compiled[transform] = CompiledCodedStep(transform)
+                if phase not in self._compiled:
+                    self._compiled[phase] = CompiledCodedStep(phase)
                 try:
-                    self._compiled[transform](*args)
+                    parts_out.append(self._compiled[phase](*args))
                     continue
                 except Exception as error:
                     fall_back(error)
                     compiled = False
-            coded_step(transform, *args)
+            parts_out.append(coded_step(phase, *args))
+        return parts_out
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from gradwise.core.executor import private_copy, run_chain
-from gradwise.core.transform import Transform, state_dtype
+from gradwise.core.phases import Phase
+from gradwise.core.transform import state_dtype
 from gradwise.state.codec import Codec
 
 logger = logging.getLogger("gradwise")
@@ -26,25 +27,30 @@ logger = logging.getLogger("gradwise")
 Specs = tuple[tuple[str, Codec, bool], ...]
 
 
-def coded_step(transform: Transform, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
                parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static,
-               rounding: Tensor | None = None) -> None:
-    """``p <- p + chain(g)`` with the state in ``specs`` decoded from, and encoded back into, ``parts``
-    (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically)."""
+               rounding: Tensor | None = None, output: Tensor | None = None) -> dict[str, Tensor]:
+    """One phase of ``p <- p + chain(g)`` (``grad``: the phase's input; ``output``: as ``run_chain``'s)
+    with the state in ``specs`` decoded from ``parts``, and the buffers the phase writes encoded back
+    (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically). Returns the
+    parts of the next phase's reductions."""
     state = dict(plain)
     dtype = state_dtype(param)
     for buffer, codec, signed in specs:
         state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype)
-    run_chain(transform, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static, rounding)
+    reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static, rounding,
+                        None if output is None else [output])
     for i, (buffer, codec, signed) in enumerate(specs):
-        codec.encode(state[buffer], parts[buffer], signed, seeds[i])
+        if buffer in phase.writes:
+            codec.encode(state[buffer], parts[buffer], signed, seeds[i])
+    return reduced
 
 
 class CompiledCodedStep:
     """``torch.compile`` of ``coded_step``, private to one optimizer, with its compiles counted."""
 
-    def __init__(self, transform: Transform):
-        self.transform = transform
+    def __init__(self, phase: Phase):
+        self.phase = phase
         self.compiles = 0
         self.compile_seconds = 0.0
         self._compiled = torch.compile(private_copy(coded_step), backend=self._backend, fullgraph=True,
@@ -56,10 +62,11 @@ class CompiledCodedStep:
         self.compiles += 1
         return compile_fx(gm, example_inputs)
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any) -> dict[str, Tensor]:
         before, start = self.compiles, time.perf_counter()
-        self._compiled(self.transform, *args)
+        reduced = self._compiled(self.phase, *args)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
-            logger.info("compiled %r with encoded state in %.2f s", self.transform, seconds)
+            logger.info("compiled %r with encoded state in %.2f s", self.phase, seconds)
+        return reduced

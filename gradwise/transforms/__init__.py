@@ -5,7 +5,7 @@ from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale
 from gradwise.transforms.adam_mini import scale_by_adam_mini
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
-from gradwise.transforms.clipping import clip_by_value
+from gradwise.transforms.clipping import clip_by_global_norm, clip_by_value
 from gradwise.transforms.factored import (
     clip_by_block_rms,
     scale_by_factored_rms,
@@ -41,6 +41,7 @@ __all__ = [
     "centralize_gradient",
     "clip_by_agc",
     "clip_by_block_rms",
+    "clip_by_global_norm",
     "clip_by_value",
     "decay_stepped_weights",
     "lookahead",

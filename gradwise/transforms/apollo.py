@@ -83,6 +83,7 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
             raise ValueError(f"scale_by_apollo(): inner declares {clash}, which APOLLO reads itself")
         self.hyper = {**self.inner.hyper, **own}
         self.state = ("seed", "limiter_norm", "basis_left", "basis_right", *self.inner.state)
+        self.reductions = self.inner.reductions  # guards only (inner_chain), decided on the unprojected updates
         self.nonnegative = ("limiter_norm", *self.inner.nonnegative)
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:

@@ -12,6 +12,8 @@ its rows), so a chain holding one runs on whole tensors (``elementwise = False``
   ``gc_conv_only``, of 4 or more).
 - ``normalize_gradient`` (Ranger21, Wright & Demeure, 2021, arXiv:2106.13731):
   g <- g / (std(g) + 1e-8) (unbiased std over the whole tensor) for tensors of more than 2 elements.
+
+All three are ``shape_gradient`` with one stage on; the engine runs adjacent ones as one link.
 """
 from __future__ import annotations
 
@@ -45,39 +47,99 @@ def normalized(g: Tensor) -> Tensor:
     return g / (g.std() + NORMALIZE_EPS) if g.numel() > 2 else g
 
 
-class clip_by_agc(Transform):  # noqa: N801
+#: the stages of ``shape_gradient``, in the order they apply
+STAGES = ("agc", "gc", "gn")
+
+
+class shape_gradient(Transform):  # noqa: N801
+    """Any of adaptive clipping, centralization and normalization, in that order (module docstring), in
+    as few passes as the three allow together: with centralization and normalization over the same
+    units the standard deviation of the centralized gradient follows from the unit norms and means
+    already read (its mean is 0), so g' = (s g - mean_unit(s g)) / (sigma + 1e-8) is one write. The
+    engine fuses adjacent shaping links into one (``fuse``), so a chain of ``clip_by_agc()``,
+    ``centralize_gradient()`` and ``normalize_gradient()`` (Ranger21's) reads g three times, p once."""
+
+    name = "shape"
+    elementwise = False
+
+    def __init__(self, agc: bool = False, gc: bool = False, gn: bool = False):
+        self.agc, self.gc, self.gn = agc, gc, gn
+        self.hyper = {**(AGC_HYPER if agc else {}), **(GC_HYPER if gc else {})}
+
+    def stages(self) -> tuple[str, ...]:
+        return tuple(stage for stage in STAGES if getattr(self, stage))
+
+    def fuse(self, other: Transform) -> Transform | None:
+        """This link and ``other`` right after it as one, when ``other`` only shapes further."""
+        if not isinstance(other, shape_gradient) or STAGES.index(other.stages()[0]) <= STAGES.index(self.stages()[-1]):
+            return None
+        return shape_gradient(**{stage: True for stage in (*self.stages(), *other.stages())})
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        outs = ctx.out if ctx.out is not None else [None] * len(updates)
+        return [self.shaped(u, p, ctx, out) for u, p, out in zip(updates, ctx.params, outs)]
+
+    def shaped(self, g: Tensor, p: Tensor, ctx: Context, out: Tensor | None = None) -> Tensor:
+        n = g.numel()
+        centralize = self.gc and g.dim() > (3 if ctx["gc_conv_only"] else 1)
+        normalize = self.gn and n > 2
+        same_units = g.dim() != 3  # AGC's units are centralization's, except for 3-d tensors (fibres)
+        g_norm = unit_norm(g) if self.agc or (centralize and normalize and same_units) else None
+        scale = None
+        if self.agc:
+            max_norm = unit_norm(p.to(g.dtype)).clamp_min(ctx["agc_eps"]) * ctx["agc_clipping_value"]
+            clamped = g_norm.clamp_min(AGC_GRAD_EPS)
+            scale = torch.where(clamped > max_norm, max_norm / clamped, torch.ones_like(clamped))
+        if centralize and normalize and same_units:
+            # each unit's centred sum of squares is s^2 (||g||^2 - n_unit mean^2): sigma of g_c without a pass
+            mean = g.mean(dim=tuple(range(1, g.dim())), keepdim=True)
+            squares = (g_norm**2 - (n // mean.numel()) * mean**2).clamp_min(0)
+            factor = 1 / ((squares * (1 if scale is None else scale**2)).sum() / (n - 1)).sqrt().add(NORMALIZE_EPS)
+            factor = factor if scale is None else scale * factor
+            return torch.addcmul(-(mean * factor), g, factor, out=out)  # (out: Context.out, when given)
+        shaped = g if scale is None else g * scale
+        shaped = centralized(shaped, ctx["gc_conv_only"]) if self.gc else shaped
+        return normalized(shaped) if self.gn else shaped
+
+    def __repr__(self) -> str:
+        return f"shape_gradient({', '.join(f'{stage}=True' for stage in self.stages())})"
+
+
+AGC_HYPER = {"agc_clipping_value": Hyper(1e-2, non_negative), "agc_eps": Hyper(1e-3, non_negative)}
+GC_HYPER = {"gc_conv_only": Hyper(False, boolean, static=True)}
+
+
+class clip_by_agc(shape_gradient):  # noqa: N801
     """Adaptive gradient clipping (module docstring): ``agc_clipping_value`` c, ``agc_eps`` eps_p."""
 
     name = "agc"
-    elementwise = False
-    hyper = {"agc_clipping_value": Hyper(1e-2, non_negative), "agc_eps": Hyper(1e-3, non_negative)}
 
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        clip, eps = ctx["agc_clipping_value"], ctx["agc_eps"]
-        out = []
-        for u, p in zip(updates, ctx.params):
-            max_norm = unit_norm(p.to(u.dtype)).clamp_min(eps) * clip
-            g_norm = unit_norm(u).clamp_min(AGC_GRAD_EPS)
-            out.append(torch.where(g_norm > max_norm, u * (max_norm / g_norm), u))
-        return out
+    def __init__(self):
+        super().__init__(agc=True)
+
+    def __repr__(self) -> str:
+        return "clip_by_agc()"
 
 
-class centralize_gradient(Transform):  # noqa: N801
+class centralize_gradient(shape_gradient):  # noqa: N801
     """Gradient centralization (module docstring); ``gc_conv_only`` limits it to 4-d and larger tensors."""
 
     name = "gc"
-    elementwise = False
-    hyper = {"gc_conv_only": Hyper(False, boolean, static=True)}
 
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return [centralized(u, ctx["gc_conv_only"]) for u in updates]
+    def __init__(self):
+        super().__init__(gc=True)
+
+    def __repr__(self) -> str:
+        return "centralize_gradient()"
 
 
-class normalize_gradient(Transform):  # noqa: N801
+class normalize_gradient(shape_gradient):  # noqa: N801
     """Gradient normalization by the tensor's standard deviation (module docstring)."""
 
     name = "gn"
-    elementwise = False
 
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return [normalized(u) for u in updates]
+    def __init__(self):
+        super().__init__(gn=True)
+
+    def __repr__(self) -> str:
+        return "normalize_gradient()"

@@ -35,6 +35,11 @@ def inner_chain(inner: Transform, owner: str) -> Chain:
                          " which the projected space has no room for; put it after the projection instead,"
                          f" e.g. chain({owner}(scale_by_adam_moments()), scale_by_schedule_free())"
                          f" or chain({owner}(...), scale_by_learning_rate(), lookahead())")
+    statistics = sorted(name for name, op in inner.reductions.items() if op != "skip")
+    if statistics:
+        raise ValueError(f"{owner}(): inner={inner!r} reduces {statistics} over the step's parameters, which it"
+                         " would compute on the updates before their projection; put that link before"
+                         f" {owner}(...), e.g. chain(clip_by_global_norm(), {owner}(...))")
     return inner
 
 
@@ -119,6 +124,7 @@ class project_low_rank(Transform):  # noqa: N801 - transforms are named like fun
             raise ValueError(f"project_low_rank(): inner declares {clash}, which the projection reads itself")
         self.hyper = {**self.inner.hyper, **own}
         self.state = ("basis_left", "basis_right", *self.inner.state)
+        self.reductions = self.inner.reductions  # guards only (inner_chain), decided on the unprojected updates
         self.nonnegative = self.inner.nonnegative
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:

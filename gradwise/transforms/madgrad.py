@@ -13,7 +13,9 @@ x at every step (x0 = x + s / d before the step, so u = s_old / d_old - s / d), 
 made to x outside the link (weight decay) in the iterate; the stored x0 is then unused.
 
 ``schedule`` (a ``gradwise.schedules.Schedule``) multiplies lr: lambda_t = lr schedule(t - 1) sqrt(t).
-``denominator="softplus"`` replaces nu^(1/3) + eps by softplus(nu^(1/3)) (beta ``beta_softplus``)
+``anchor_at_first_step`` sets x0 to the point the first step is taken from (a link before this one
+may move it: Ranger21 decays the parameters first, ``shrink_like_ranger21``) instead of the parameters
+at creation. ``denominator="softplus"`` replaces nu^(1/3) + eps by softplus(nu^(1/3)) (beta ``beta_softplus``)
 when the group's ``softplus`` is on and by nu^(1/3) when it is off, as Ranger21's MADGRAD core does
 (a step where nu is 0 is then 0, as the ``madgrad`` package makes it for eps = 0). Coupled weight
 decay (the package's default) is ``add_decayed_weights`` before this link.
@@ -39,9 +41,9 @@ class scale_by_madgrad(Transform):  # noqa: N801
     weights_like = ("x0",)
     nonnegative = ("grad_sum_sq",)
 
-    def __init__(self, schedule=None, denominator: str = "eps"):
+    def __init__(self, schedule=None, denominator: str = "eps", anchor_at_first_step: bool = False):
         choice(("eps", "softplus"))("denominator", denominator)
-        self.schedule, self.denominator = schedule, denominator
+        self.schedule, self.denominator, self.anchor_at_first_step = schedule, denominator, anchor_at_first_step
         # lr as every link declares it (default 1e-3; the madgrad package's is 1e-2), so chains compose
         self.hyper = {"lr": scale_by_learning_rate.hyper["lr"], "momentum": momentum_hyper()}
         if denominator == "eps":
@@ -58,7 +60,8 @@ class scale_by_madgrad(Transform):  # noqa: N801
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         # 1 - momentum in double, as the madgrad package computes it
-        return {"lamb": lambda_t(hyper, step, self.schedule), "one_minus_momentum": 1 - float(hyper["momentum"])}
+        return {"lamb": lambda_t(hyper, step, self.schedule), "one_minus_momentum": 1 - float(hyper["momentum"]),
+                "first": float(step == 1)}
 
     def _step(self, s: Tensor, nu: Tensor, ctx: Context) -> Tensor:
         """s / d(nu), with d(nu) = nu^(1/3) + eps, or the softplus form (module docstring)."""
@@ -73,6 +76,8 @@ class scale_by_madgrad(Transform):  # noqa: N801
         lamb, momentum = ctx["lamb"], ctx.active("momentum")
         out = []
         for g, x, nu, s, x0 in zip(updates, ctx.params, state["grad_sum_sq"], state["s"], state["x0"]):
+            if self.anchor_at_first_step:  # x0 is the point of the first step (Ranger21 decays p before it)
+                x0.copy_(torch.where(ctx["first"] > 0, x.to(x0.dtype), x0))
             before = None if momentum else self._step(s, nu, ctx)
             nu.add_(g * g * lamb)
             s.add_(g * lamb)
@@ -84,7 +89,8 @@ class scale_by_madgrad(Transform):  # noqa: N801
         return out
 
     def __repr__(self) -> str:
-        return f"scale_by_madgrad(schedule={self.schedule!r}, denominator={self.denominator!r})"
+        return (f"scale_by_madgrad(schedule={self.schedule!r}, denominator={self.denominator!r},"
+                f" anchor_at_first_step={self.anchor_at_first_step})")
 
 
 def momentum_hyper() -> Hyper:

@@ -18,10 +18,11 @@ other gradient).
 
 Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the centralized and
 normalized gradient and the momenta that gradient centralized and normalized once more; with
-``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it.
-With ``prescaled`` the momenta average u times the 0-d state ``momentum_scale`` instead, which the
-caller sets before each step (Ranger21's prologue: those two steps reduce to one factor), and the
-link stays elementwise.
+``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it;
+``renormalize`` alone (the input already centralized, as Ranger21's is) is a factor per tensor that
+``prepare`` finds on the whole input, so the update stays elementwise.
+With ``second_moment_statistics`` it reports the sum of v_t / (1 - b2^t) over the step's parameters
+(``regularizers.SECOND_MOMENT``, from a 0-d running sum of v), which Ranger21's stable weight decay reads.
 """
 from __future__ import annotations
 
@@ -33,7 +34,15 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.gradient_shaping import centralized, normalized
+from gradwise.transforms.gradient_shaping import NORMALIZE_EPS, centralized, normalized
+from gradwise.transforms.regularizers import (
+    RUNNING_SUM,
+    SECOND_MOMENT,
+    advance_running_sums,
+    running_sum,
+    second_moment_parts,
+    sum_of_squares,
+)
 
 
 class scale_by_pnm_adam(Transform):  # noqa: N801
@@ -50,25 +59,56 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
     }
 
     def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False,
-                 belief: bool = False, prescaled: bool = False):
-        if prescaled and (recentralize or renormalize):
-            raise ValueError("scale_by_pnm_adam: prescaled=True replaces recentralize and renormalize")
+                 belief: bool = False, second_moment_statistics: bool = False):
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
-        self.belief, self.prescaled = belief, prescaled
-        self.elementwise = not (recentralize or renormalize)
-        if prescaled:
-            self.state = (*self.state, "momentum_scale")
+        self.belief, self.second_moment_statistics = belief, second_moment_statistics
+        self.elementwise = not recentralize
+        # renormalizing alone is a per-tensor factor of the input, found on the whole input (prepare)
+        self.scaled = renormalize and not recentralize
+        self.prepares = self.scaled or second_moment_statistics
+        self.state = (*self.state, *(("momentum_scale",) if self.scaled else ()),
+                      *((RUNNING_SUM,) if second_moment_statistics else ()))
+        self.reductions = SECOND_MOMENT if second_moment_statistics else {}
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype = state_dtype(param)
         buffers = {k: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
-                   for k in self.state if k != "momentum_scale"}
-        if self.prescaled:
+                   for k in self.state if k not in ("momentum_scale", RUNNING_SUM)}
+        if self.scaled:
             buffers["momentum_scale"] = torch.ones((), dtype=dtype, device=param.device)
+        if self.second_moment_statistics:
+            buffers[RUNNING_SUM] = running_sum().to(param.device)
         return buffers
 
-    def momentum_input(self, u: Tensor) -> Tensor:
-        """The gradient the momenta average: u, centralized and normalized once more if asked."""
+    def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:
+        """momentum_scale <- 1 / (std(u) + 1e-8) (1 for 2 elements or fewer): ``normalized(u)`` as a
+        factor; and the running sum of v the reported statistic reads."""
+        squares = None
+        if self.scaled:
+            squares = []
+            for u, scale in zip(updates, state["momentum_scale"]):
+                # one pass: the variance and mean give both the factor and, when asked, sum(u^2)
+                # two fast reductions give both the factor and, when asked, sum(u^2): (n - 1) var =
+                # sum(u^2) - n mean^2 (var_mean's one pass is several times slower on CPU)
+                n, square = u.numel(), sum_of_squares(u)
+                squares.append(square)
+                if n > 2:
+                    mean = u.sum().double() / n
+                    std = ((square - n * mean * mean).clamp_min(0) / (n - 1)).sqrt()
+                    scale.copy_(1 / (std + NORMALIZE_EPS))
+                else:
+                    scale.fill_(1.0)
+        if self.second_moment_statistics:
+            if self.belief or squares is None:
+                inputs = [x for _, x in self.variance_inputs(updates, state, ctx)] if self.belief else updates
+                squares = [sum_of_squares(x) for x in inputs]
+            advance_running_sums(squares, state[RUNNING_SUM], ctx)
+
+    def momentum_input(self, u: Tensor, scale: Tensor | None = None) -> Tensor:
+        """The gradient the momenta average: u, centralized and normalized once more if asked (with
+        ``prepares``, normalized by the factor ``prepare`` found, ``scale``)."""
+        if self.scaled:
+            return u * scale
         g = centralized(u, self.gc_conv_only) if self.recentralize else u
         return normalized(g) if self.renormalize else g
 
@@ -94,18 +134,29 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             "pos_coef": (1 + beta0 if odd else -beta0) * scale,
             "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
             "bias2_sqrt": math.sqrt(1 - b2**step),
+            "bias2": 1 - b2**step,
             "one_minus_beta2": 1 - b2,  # in double, as the reference
         }
+
+    def variance_inputs(self, updates: list[Tensor], state, ctx: Context) -> list[tuple[Tensor, Tensor]]:
+        """(g, x) per update: the momenta's input and what v averages the square of this step."""
+        fed = [torch.where(ctx["odd"] > 0, pos, neg) for pos, neg in zip(state["grad_ma"], state["neg_grad_ma"])] \
+            if self.belief else [None] * len(updates)
+        scales = state["momentum_scale"] if self.scaled else [None] * len(updates)
+        out = []
+        for u, f, scale in zip(updates, fed, scales):
+            g = self.momentum_input(u, scale)
+            out.append((g, self.variance_input(u, g, f, ctx["fed_rate"])))
+        return out
+
+    def reduce(self, updates: list[Tensor], state, ctx: Context) -> dict[str, Tensor]:
+        return second_moment_parts(state[RUNNING_SUM], updates, ctx)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         b2, eps = ctx["betas"][1], ctx["eps"]
         out = []
         buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
-        scales = state["momentum_scale"] if self.prescaled else [None] * len(updates)
-        for u, (pos, neg, v, v_max), scale in zip(updates, buffers, scales):
-            g = u * scale if self.prescaled else self.momentum_input(u)
-            fed = torch.where(ctx["odd"] > 0, pos, neg) if self.belief else None
-            x = self.variance_input(u, g, fed, ctx["fed_rate"])
+        for (g, x), (pos, neg, v, v_max) in zip(self.variance_inputs(updates, state, ctx), buffers):
             v.mul_(b2).addcmul_(x, x * ctx["one_minus_beta2"])
             v_max.copy_(torch.maximum(v_max, v))
             denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
@@ -118,4 +169,4 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
-                f" belief={self.belief}, prescaled={self.prescaled})")
+                f" belief={self.belief}, second_moment_statistics={self.second_moment_statistics})")

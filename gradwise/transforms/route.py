@@ -66,6 +66,8 @@ class route(Transform):  # noqa: N801 - transforms are named like functions (opt
         self.weights_like = tuple(dict.fromkeys(k for t in self.routes.values() for k in t.weights_like))
         self.elementwise = all(t.elementwise for t in self.routes.values())
         self.batched = any(t.batched for t in self.routes.values())
+        # each route's own (a group runs one route: route.for_group), by name
+        self.reductions = {name: op for t in self.routes.values() for name, op in t.reductions.items()}
 
     def split_group(self, group: dict[str, Any]) -> list[dict[str, Any]]:
         if "route" in group:

@@ -1,0 +1,311 @@
+"""The step engine of ``gradwise.Optimizer``: buckets, phases, reductions, compiled or eager runs.
+
+A step (``_run_step``) first prepares every bucket of parameters (group x device x dtype x step
+count): fresh state, step counters, per-step scalars, ``advance``, the packed hyperparameters. It then
+runs the phases of each bucket's chain (``core/phases.py``) in rounds: round r runs phase r of every
+bucket, the reductions its phases end with are combined over all buckets (``phases.combine``), a guard
+may skip the step there, and the totals are appended to the values the next round reads. A chain that
+needs no cut is one phase, one pass per bucket, as before phases existed.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.eager import run_eager
+from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, run_chain, unpack, with_totals
+from gradwise.core.hashing import seed
+from gradwise.core.params import any_rank, local
+from gradwise.core.phases import Phase, combine, plan, skips
+from gradwise.core.rounding import add_stochastically, rounds_stochastically
+from gradwise.core.state_check import refuse_nonfinite
+from gradwise.core.state_keys import has_buffer
+from gradwise.core.transform import Context, state_dtype, uses
+
+#: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
+AUTO_COMPILE_MIN_NUMEL = 1 << 20
+
+
+@dataclass
+class Bucket:
+    """Parameters of one group, device, dtype and step count, as one step runs them."""
+
+    group: dict[str, Any]
+    phases: tuple[Phase, ...]
+    params: list[Tensor]
+    states: list[dict[str, Tensor]]
+    values: Tensor
+    layout: Layout
+    static: dict[str, Any]
+    inputs: list[Tensor]
+    fresh: list[Tensor] = field(default_factory=list)
+    saved: list[dict[str, Tensor]] = field(default_factory=list)
+    done: bool = False
+
+
+class PhasedStep:
+    """The step, as methods of ``gradwise.Optimizer`` (which sets ``transform``, ``hyper_specs``,
+    ``compile``, ``_use_compiled``, ``_compiled`` and ``storage``)."""
+
+    def _run_step(self, work: list[tuple[dict[str, Any], list[Tensor]]]) -> bool:
+        """One step of ``work`` ((group, parameters with gradients) pairs, checked by ``check_step``);
+        False when a guard skipped it, which then changed nothing.
+
+        Everything a step can check was checked before its first write. On an exception here the
+        counters, the 0-d state ``advance`` wrote and newly created state of every bucket whose last
+        phase has not run are put back, so a compile failure (graphs compile on copies first) changes
+        nothing. An exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier buckets
+        stepped and this bucket's parameters and param-shaped state in part (README)."""
+        plans = _after_guards({id(g): self._plan(g) for g, params in work if params})
+        _check_rounds(plans.values())
+        refusing = [t for phases in plans.values() if not any(_guards(ph) for ph in phases)
+                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
+        buckets: list[Bucket] = []
+        try:
+            for group, params in work:
+                for same in _buckets(params):
+                    buckets += self._prepare(group, plans[id(group)], same)
+            for r in range(max((len(b.phases) for b in buckets), default=0)):
+                active = [b for b in buckets if r < len(b.phases)]
+                parts = [part for b in active for part in self._run_phase(b, b.phases[r])]
+                ops = {k: op for b in active if b.phases[r].reducer
+                       for k, op in b.phases[r].reducer[1].reductions.items()}
+                totals = combine(ops, parts)
+                if refusing and totals and not bool(torch.stack(list(totals.values())).isfinite().all()):
+                    refuse_nonfinite(self, work, refusing[0])  # raises: the handler below undoes the step
+                if "skip" in ops.values():
+                    flag = any_rank(torch.tensor(skips(ops, totals)), [p for b in buckets for p in b.params])
+                    if bool(flag):
+                        _roll_back(self, buckets)
+                        return False
+                for b in active:
+                    b.done = b.phases[r].last
+                    b.values, b.layout = with_totals(b.values, b.layout, totals)
+        except BaseException:
+            _roll_back(self, [b for b in buckets if not b.done])
+            raise
+        return True
+
+    def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor]) -> list[Bucket]:
+        transform = self.transform.for_group(group)
+        fresh = {id(p) for p in params if p not in self.state}
+        states = [self._state_for(p, group) for p in params]
+        device = params[0].device
+        dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
+        hyper, static = self._hyper_values(group)
+        # 0-d state that advance() or a link's prepare() writes is put back by a roll back
+        advances = uses(transform, "advance") or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
+        saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] \
+            if advances else [{} for _ in states]
+        by_step: dict[int, list[int]] = defaultdict(list)
+        for i, st in enumerate(states):
+            st["step"] += 1
+            by_step[int(st["step"])].append(i)
+        out = []
+        for step, members in by_step.items():
+            scalars = transform.scalars(group, step)
+            for i in members if uses(transform, "advance") else ():
+                transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
+            values, layout = pack(hyper, scalars, dtype, device)
+            out.append(Bucket(group, phases, [params[i] for i in members], [states[i] for i in members], values,
+                              layout, static, [params[i].grad for i in members],
+                              [params[i] for i in members if id(params[i]) in fresh], [saved[i] for i in members]))
+        return out
+
+    def _run_phase(self, bucket: Bucket, phase: Phase) -> list[dict[str, Tensor]]:
+        """Run ``phase`` on the bucket; its outputs become the bucket's inputs for the next phase."""
+        if not phase.links() and phase.reducer is None:
+            return []  # a round this bucket waits out (``_after_guards``)
+        if phase.moves:
+            self._move_point(bucket, phase)
+            return []
+        params, states, inputs = bucket.params, bucket.states, bucket.inputs
+        outputs = None if phase.last or not phase.links() else \
+            [torch.empty_like(local(x), dtype=state_dtype(local(p))) if self.storage.is_encoded(st) or
+             self._runner(phase) is not None or phase.elementwise else None
+             for p, x, st in zip(params, inputs, states)]
+        values, layout, static = bucket.values, bucket.layout, bucket.static
+        runner = self._runner(phase)
+        parts: list[dict[str, Tensor]] = []
+        encoded = [i for i, s in enumerate(states) if self.storage.is_encoded(s)]
+        if encoded:
+            parts += self.storage.run(phase, [params[i] for i in encoded], [inputs[i] for i in encoded],
+                                       [states[i] for i in encoded], [self._position(params[i]) for i in encoded],
+                                       values, layout, static, compiled=runner is not None, fall_back=self._fall_back,
+                                       outputs=None if outputs is None else [outputs[i] for i in encoded])
+        plain = [i for i in range(len(params)) if i not in set(encoded)]
+        seeds = [seed(int(states[i]["step"]), self._position(params[i]), "param") for i in plain] \
+            if phase.last and rounds_stochastically(static, params[0].dtype) else None
+        views = [local(params[i]) for i in plain]
+        given = [local(inputs[i]) for i in plain]
+        keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
+        own = [{k: local(states[i][k]) for k in keys} for i in plain]
+        if outputs is not None and runner is None and not phase.elementwise and plain:
+            # whole tensors, eagerly: the phase's own results are the next phase's inputs, not copied
+            kept: list[Tensor] = []
+            bucket_state = {k: [o[k] for o in own] for k in keys}
+            scratch = self.__dict__.setdefault("_scratch", {})
+            buffers = [scratch.setdefault((phase, p), torch.empty_like(x, dtype=state_dtype(v)))
+                       for p, x, v in zip((params[i] for i in plain), given, views)]
+            parts.append(run_chain(phase, views, given, bucket_state, values, layout, static, keep=kept,
+                                   scratch=buffers))
+            for i, u in zip(plain, kept):
+                outputs[i] = u
+            bucket.inputs = outputs
+            return parts
+        outs = None if outputs is None else [local(outputs[i]) for i in plain]
+        eager = list(range(len(plain)))
+        if runner is not None and plain:
+            chosen = [i for i in eager if runner.accepts(views[i], given[i], own[i])]
+            eager = [i for i in eager if i not in set(chosen)]
+            try:
+                parts += runner([views[i] for i in chosen], [given[i] for i in chosen], [own[i] for i in chosen],
+                                values, layout, static, None if seeds is None else [seeds[i] for i in chosen],
+                                None if outs is None else [outs[i] for i in chosen])
+            except Exception as error:  # under "auto", a failed compile falls back to eager
+                self._fall_back(error)
+                eager += chosen[runner.done:]
+        if eager:
+            parts += run_eager(phase, [views[i] for i in eager], [given[i] for i in eager], [own[i] for i in eager],
+                               values, layout, static, None if seeds is None else [seeds[i] for i in eager],
+                               None if outs is None else [outs[i] for i in eager])
+        if outputs is not None:
+            bucket.inputs = outputs
+        return parts
+
+    def _move_point(self, bucket: Bucket, phase: Phase) -> None:
+        """Write the bucket's parameters where ``phase``'s links move them (whole tensors, eagerly; a
+        bfloat16 parameter with ``param_rounding="stochastic"`` is moved with stochastic rounding)."""
+        hyper, scalars, reduced = unpack(bucket.values, bucket.layout)
+        views = [local(p) for p in bucket.params]
+        ctx = Context(views, [local(x) for x in bucket.inputs], hyper, bucket.static, scalars, reduced)
+        state = {k: [local(st[k]) for st in bucket.states] for k in phase.state}
+        factors = phase.point_factors([v.to(state_dtype(v)) for v in views], state, ctx)
+        stochastic = rounds_stochastically(bucket.static, views[0].dtype)
+        for p, view, factor, st in zip(bucket.params, views, factors, bucket.states):
+            if stochastic:
+                row = rounding_rows([seed(int(st["step"]), self._position(p), "point")], [0], view.device)
+                moved = view.to(state_dtype(view))
+                add_stochastically(view, moved * factor - moved, row[0, 0], row[0, 1])
+            else:
+                view.mul_(factor)
+
+    def _plan(self, group: dict[str, Any]) -> tuple[Phase, ...]:
+        """The phases of the group's chain, made once (compiled graphs are kept per phase)."""
+        key = (self.transform.for_group(group), self._compiling())
+        cache = self.__dict__.setdefault("_plans", {})
+        if key not in cache:
+            cache[key] = plan(*key)
+        return cache[key]
+
+    def _compiling(self) -> bool:
+        if self._use_compiled is None:
+            numel = sum(p.numel() for g in self.param_groups for p in g["params"])
+            self._use_compiled = numel >= AUTO_COMPILE_MIN_NUMEL
+        return self._use_compiled
+
+    def _runner(self, phase: Phase) -> CompiledStep | None:
+        """The compiled step for the phase; None (run eagerly) when compilation is off, when the phase is
+        ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
+        same-shaped matrices into one batched matmul or eigh), or when it reads whole tensors for a
+        later phase (Ranger21's shaping): eagerly it writes its results into buffers kept between steps,
+        in fewer passes than a graph per tensor rank with symbolic sizes makes."""
+        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last):
+            return None
+        if phase not in self._compiled:
+            self._compiled[phase] = CompiledStep(phase)
+        return self._compiled[phase]
+
+    def _fall_back(self, error: Exception) -> None:
+        """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""
+        if self.compile is True or not _is_compile_error(error):
+            raise error
+        warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=6)
+        self._use_compiled = False
+
+    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+        state = self.state[p]
+        transform = self.transform.for_group(group)
+        if "step" not in state or any(not has_buffer(state, k) for k in transform.state):
+            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
+            transform.seed(fresh, self._position(p))
+            names = group.get("param_names")
+            name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
+            self.storage.init(state, fresh, p, name, self._position(p))
+            state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as in torch.optim
+        return state
+
+    def _position(self, p: Tensor) -> int:
+        """``p``'s index among all parameters, in group order (seeds stochastic rounding)."""
+        count = sum(len(g["params"]) for g in self.param_groups)
+        if getattr(self, "_positions", (None, 0))[1] != count:
+            ordered = (q for g in self.param_groups for q in g["params"])
+            self._positions = ({id(q): i for i, q in enumerate(ordered)}, count)
+        return self._positions[0][id(p)]
+
+    def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
+        hyper: dict[str, Any] = {}
+        static: dict[str, Any] = {}
+        for key, spec in self.hyper_specs.items():
+            value = group[key]
+            if spec.static:
+                static[key] = value
+                continue
+            if spec.zero_is_identity:
+                static[f"{key}!=0"] = float(value) != 0.0
+            hyper[key] = tuple(map(float, value)) if isinstance(value, (tuple, list)) else float(value)
+        return hyper, static
+
+
+def _roll_back(optimizer, buckets: list[Bucket]) -> None:
+    """Undo what preparing ``buckets`` did: step counters, ``advance``'s 0-d state, fresh state."""
+    for b in buckets:
+        for st, old in zip(b.states, b.saved):
+            st["step"] -= 1
+            for k, v in old.items():
+                st[k].copy_(v)
+        for p in b.fresh:
+            optimizer.state.pop(p, None)
+
+
+def _after_guards(plans: dict[int, tuple[Phase, ...]]) -> dict[int, tuple[Phase, ...]]:
+    """The plans, those without a guard (a ``"skip"`` reduction) made to wait out the rounds up to the
+    last guard's, so that no parameter is written before every guard has had its say."""
+    rounds = [r for phases in plans.values() for r, phase in enumerate(phases) if _guards(phase)]
+    if not rounds:
+        return plans
+    wait = (Phase([], None, True, False),) * (max(rounds) + 1)
+    return {k: phases if any(_guards(p) for p in phases) else wait + phases for k, phases in plans.items()}
+
+
+def _guards(phase: Phase) -> bool:
+    return phase.reducer is not None and "skip" in phase.reducer[1].reductions.values()
+
+
+def _check_rounds(plans) -> None:
+    """Each statistic is computed in the same round (phase index) by every chain that computes it, so
+    that its total is complete when any chain reads it (a route's chains may differ)."""
+    rounds: dict[str, int] = {}
+    for phases in plans:
+        for r, phase in enumerate(phases):
+            for name in phase.reducer[1].reductions if phase.reducer else ():
+                if rounds.setdefault(name, r) != r:
+                    raise ValueError(f"the statistic {name!r} is computed after {r} phases in one route's chain and"
+                                     f" after {rounds[name]} in another's; put its link at the same place in both")
+
+
+def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
+    groups: dict[tuple, list[Tensor]] = defaultdict(list)
+    for p in params:
+        groups[(p.device, p.dtype, type(p))].append(p)
+    return list(groups.values())
+
+
+def _is_compile_error(error: Exception) -> bool:
+    return type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
