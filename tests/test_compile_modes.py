@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.core import optimizer as optimizer_module
+from gradwise.core import stepping
 
 
 class scale_by_data_dependent_sign(gradwise.Transform):  # noqa: N801

@@ -164,7 +164,8 @@ def test_encoded_state_and_unused_parameters():
     (lambda ps: gradwise.AdamW(ps, skip_nonfinite=True), r"fused_backward\(AdamW\): .*skip_nonfinite=True"),
     (lambda ps: gradwise.Muon(ps), r"fused_backward\(Muon\): .*batches matrices across parameters"),
     (lambda ps: gradwise.Shampoo(ps), r"fused_backward\(Shampoo\): .*batches matrices"),
-    (lambda ps: gradwise.Ranger21(ps, lr=1e-3, num_iterations=10), r"fused_backward\(Ranger21\): its chain reduces \['second_moment_count', 'second_moment_sum'\]"),
+    (lambda ps: gradwise.Ranger21(ps, lr=1e-3, num_iterations=10),
+     r"fused_backward\(Ranger21\): its chain reduces \['second_moment_count', 'second_moment_sum'\]"),
     (lambda ps: torch.optim.AdamW(ps),
      r"invalid optimizer of type torch\.optim\.adamw\.AdamW: fused_backward\(\) takes a gradwise Optimizer"),
 ])

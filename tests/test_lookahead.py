@@ -108,11 +108,23 @@ def test_lookahead_takes_over_hooks_installed_by_hand():
     wrapped.fused_backward.remove()
 
 
-def test_lookahead_around_ranger21_is_refused_with_its_own_options():
+def test_lookahead_around_ranger21_without_its_own_is_ranger21_with_it():
+    """Ranger21 is a plain chain: Lookahead around it (its own turned off) is the chain with Lookahead last,
+    which is Ranger21 with its own; around Ranger21 with its own it is refused, naming its options."""
     p = [torch.nn.Parameter(torch.zeros(2, 2))]
     with pytest.raises(ValueError, match=r"already has Lookahead.*lookahead_mergetime=k"):
         gradwise.Lookahead(gradwise.Ranger21(p, lr=1e-3, num_iterations=10))
-    with pytest.raises(ValueError, match=r"overrides step\(\).*Ranger21\(\.\.\., lookahead_active=True"):
-        gradwise.Lookahead(gradwise.Ranger21(p, lr=1e-3, num_iterations=10, lookahead_active=False))
+    runs = []
+    for make in (lambda ps: gradwise.Lookahead(gradwise.Ranger21(ps, lr=1e-2, num_iterations=30, compile=False,
+                                                                 lookahead_active=False), k=3, alpha=0.4),
+                 lambda ps: gradwise.Ranger21(ps, lr=1e-2, num_iterations=30, compile=False, lookahead_mergetime=3,
+                                              lookahead_blending_alpha=0.4)):
+        ps = [torch.nn.Parameter(torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4))]
+        optimizer = make(ps)
+        for step in range(10):
+            ps[0].grad = torch.sin(ps[0].detach() * (step + 1))
+            optimizer.step()
+        runs.append(ps[0].detach())
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"already has Lookahead"):
         gradwise.Lookahead(gradwise.Lookahead(gradwise.AdamW(p)))

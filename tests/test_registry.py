@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.recipes import takes_state
 from gradwise.core.transform import uses
+from gradwise.recipes import takes_state
 from tests.registry import ENGINE_KEYWORDS, ENTRIES, ENTRY
 
 #: each engine keyword's default, as every recipe's signature states it

@@ -21,8 +21,8 @@ def Lookahead(optimizer: Optimizer, k: int = 5, alpha: float = 0.5) -> Optimizer
     hooks over: the new optimizer steps inside backward, Lookahead included, and its handle is
     ``.fused_backward`` (the old handle's ``remove()`` then does nothing). Refused: an optimizer whose
     chain already ends in Lookahead (Ranger21 has it built in: ``lookahead_mergetime``,
-    ``lookahead_blending_alpha``), and one that overrides
-    ``step()`` (Ranger21's prologue), which the new optimizer would not run.
+    ``lookahead_blending_alpha``), and a subclass that overrides ``step()``, which the new optimizer
+    would not run.
     """
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"invalid optimizer={optimizer!r}: expected a gradwise Optimizer (e.g. gradwise.AdamW)")
