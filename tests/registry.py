@@ -89,7 +89,8 @@ class Entry:
 
     @property
     def compiles(self) -> bool:
-        """Derived: some route's chain is not batched across parameters (those always run eagerly)."""
+        """Derived: some route's chain is not batched across parameters (batched links always run eagerly,
+        and only their elementwise rest compiles: the generic compiled-equals-eager tests leave them out)."""
         return any(not c.batched for c in self.chains)
 
 
