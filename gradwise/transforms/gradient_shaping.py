@@ -61,10 +61,12 @@ class shape_gradient(Transform):  # noqa: N801
 
     name = "shape"
     elementwise = False
+    #: the stages a configuration of it (``clip_by_agc``...) always has
+    always: tuple[str, ...] = ()
 
     def __init__(self, agc: bool = False, gc: bool = False, gn: bool = False):
-        self.agc, self.gc, self.gn = agc, gc, gn
-        self.hyper = {**(AGC_HYPER if agc else {}), **(GC_HYPER if gc else {})}
+        self.agc, self.gc, self.gn = (on or stage in self.always for stage, on in zip(STAGES, (agc, gc, gn)))
+        self.hyper = {**(AGC_HYPER if self.agc else {}), **(GC_HYPER if self.gc else {})}
 
     def stages(self) -> tuple[str, ...]:
         return tuple(stage for stage in STAGES if getattr(self, stage))
@@ -102,6 +104,8 @@ class shape_gradient(Transform):  # noqa: N801
         return normalized(shaped) if self.gn else shaped
 
     def __repr__(self) -> str:
+        if self.always:
+            return f"{type(self).__name__}()"
         return f"shape_gradient({', '.join(f'{stage}=True' for stage in self.stages())})"
 
 
@@ -113,33 +117,18 @@ class clip_by_agc(shape_gradient):  # noqa: N801
     """Adaptive gradient clipping (module docstring): ``agc_clipping_value`` c, ``agc_eps`` eps_p."""
 
     name = "agc"
-
-    def __init__(self):
-        super().__init__(agc=True)
-
-    def __repr__(self) -> str:
-        return "clip_by_agc()"
+    always = ("agc",)
 
 
 class centralize_gradient(shape_gradient):  # noqa: N801
     """Gradient centralization (module docstring); ``gc_conv_only`` limits it to 4-d and larger tensors."""
 
     name = "gc"
-
-    def __init__(self):
-        super().__init__(gc=True)
-
-    def __repr__(self) -> str:
-        return "centralize_gradient()"
+    always = ("gc",)
 
 
 class normalize_gradient(shape_gradient):  # noqa: N801
     """Gradient normalization by the tensor's standard deviation (module docstring)."""
 
     name = "gn"
-
-    def __init__(self):
-        super().__init__(gn=True)
-
-    def __repr__(self) -> str:
-        return "normalize_gradient()"
+    always = ("gn",)
