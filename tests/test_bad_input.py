@@ -40,9 +40,8 @@ def _adam_betas(recipe) -> bool:
     return _default(recipe, "betas") is not None and checks == {betas_pair}
 
 
-#: the recipes whose betas are Adam's pair (Ranger21's: test_ranger21_checks_betas_as_the_chain_does), and
-#: those whose eps is one number
-BETA_PAIRS = [r for r in RECIPES if _adam_betas(r) and r is not gradwise.Ranger21]
+#: the recipes whose betas are Adam's pair, and those whose eps is one number
+BETA_PAIRS = [r for r in RECIPES if _adam_betas(r)]
 ONE_EPS = [r for r in RECIPES if isinstance(_default(r, "eps"), float)]
 
 
@@ -151,11 +150,11 @@ def test_bad_betas(recipe, betas, pattern):
         build(recipe, _params(), betas=betas)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="Ranger21's prologue reads betas[1] before the chain"
-                   " validates betas (ranger21.py, being rewritten as a plain chain): 'float' is not subscriptable")
 def test_ranger21_checks_betas_as_the_chain_does():
     with pytest.raises(ValueError, match=r"betas=0\.9: expected a pair"):
         build(gradwise.Ranger21, _params(), betas=0.9)
+    with pytest.raises(ValueError, match=r"betas\[1\]=1\.0 in betas=\(0\.9, 1\.0\)"):
+        build(gradwise.Ranger21, _params(), betas=(0.9, 1.0))
 
 
 def test_bad_betas_in_a_param_group():

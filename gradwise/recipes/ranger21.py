@@ -1,9 +1,7 @@
 """Ranger21 (Wright & Demeure, 2021, arXiv:2106.13731): AdamW and eight components, as one chain."""
 from __future__ import annotations
 
-import math
-
-from gradwise.core.hyper import boolean
+from gradwise.core.hyper import betas_pair, boolean, choice, closed_unit_interval, number_in, positive, positive_int
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.schedules import auto_warmup_steps, chebyshev_steps, ranger21_schedule
@@ -62,8 +60,8 @@ class Ranger21(Optimizer):
                  compile="auto", state=None, param_rounding="nearest"):
         for name, value, allowed in (("momentum_type", momentum_type, "pnm"), ("decay_type", decay_type, "stable"),
                                      ("warmup_type", warmup_type, "linear")):
-            if value != allowed:
-                raise ValueError(f"invalid {name}={value!r}: gradwise's Ranger21 supports {allowed!r}")
+            choice((allowed,), note="the one gradwise's Ranger21 supports")(name, value)
+        betas_pair("betas", betas)  # before the schedule reads beta2
         for name, value in (("lookahead_active", lookahead_active), ("using_gc", using_gc),
                             ("using_normgc", using_normgc), ("normloss_active", normloss_active),
                             ("use_adaptive_gradient_clipping", use_adaptive_gradient_clipping),
@@ -131,31 +129,26 @@ def _budget(num_epochs, num_batches_per_epoch, num_iterations) -> int:
             raise ValueError("Ranger21 needs its step budget: num_epochs and num_batches_per_epoch (or"
                              f" num_iterations); got num_epochs={num_epochs!r},"
                              f" num_batches_per_epoch={num_batches_per_epoch!r}")
-        for name, value in (("num_epochs", num_epochs), ("num_batches_per_epoch", num_batches_per_epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"invalid {name}={value!r}: expected an integer >= 1")
+        positive_int("num_epochs", num_epochs)
+        positive_int("num_batches_per_epoch", num_batches_per_epoch)
         total, name = num_epochs * num_batches_per_epoch, "num_epochs * num_batches_per_epoch"
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ValueError(f"invalid {name}={total!r}: expected an integer >= 1")
-    return total
+    positive_int(name, total)
+    return int(total)
 
 
 def _schedule(lr, betas, total, factors, use_warmup, num_warmup_iterations, warmup_pct_default, warmdown_active,
               warmdown_start_pct, warmdown_min_lr, cheb, epoch_steps):
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"invalid lr={lr!r}: expected a finite number > 0")
+    positive("lr", lr)
     warmup = 0
     if use_warmup:
         warmup = auto_warmup_steps(betas[1], total, warmup_pct_default) if num_warmup_iterations is None \
             else num_warmup_iterations
     warmdown = 0
     if warmdown_active:
-        if not isinstance(warmdown_start_pct, (int, float)) or not 0.0 <= warmdown_start_pct <= 1.0:
-            raise ValueError(f"invalid warmdown_start_pct={warmdown_start_pct!r}: expected a number in [0, 1]")
+        closed_unit_interval("warmdown_start_pct", warmdown_start_pct)
         start = warmdown_start_pct
         for factor in factors:
             start *= factor
         warmdown = total - int(start)
-    if not isinstance(warmdown_min_lr, (int, float)) or not 0.0 <= warmdown_min_lr <= lr:
-        raise ValueError(f"invalid warmdown_min_lr={warmdown_min_lr!r}: expected a number in [0, lr={lr!r}]")
+    number_in(0.0, lr, note=f"at most lr={lr!r}")("warmdown_min_lr", warmdown_min_lr)
     return ranger21_schedule(total, warmup, warmdown, warmdown_min_lr / lr, cheb=cheb, epoch_steps=epoch_steps or 1)
