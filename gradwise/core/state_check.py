@@ -76,7 +76,7 @@ def check_step(optimizer) -> None:
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
             sums = sorted(name for name, op in transform.reductions.items() if op != "skip")
             if (not transform.elementwise or sums) and isinstance(p, DTensor):
-                needs = f"reduces {sums} over every parameter" if sums else "needs whole tensors"
+                needs = "needs whole tensors" + (f" (it reduces {sums} over every parameter)" if sums else "")
                 raise NotImplementedError(
                     f"{param_label(group, p, index)}: {transform!r} {needs}, and gradwise does not yet"
                     " gather DTensor shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")

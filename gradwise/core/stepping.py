@@ -214,9 +214,9 @@ class PhasedStep:
         ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
         same-shaped matrices into one batched matmul or eigh), or when it reads whole tensors for a
         later phase (Ranger21's shaping): eagerly it writes its results into buffers kept between steps,
-        in fewer passes than a graph per tensor rank with symbolic sizes makes."""
-        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last):
-            return None
+        in fewer passes than a graph per tensor rank with symbolic sizes makes; or when it has no links."""
+        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last) or not phase.links():
+            return None  # (a phase of no links only reduces the gradients: foreach kernels, no graph)
         if phase not in self._compiled:
             self._compiled[phase] = CompiledStep(phase)
         return self._compiled[phase]
