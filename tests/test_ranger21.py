@@ -200,3 +200,26 @@ def test_a_nan_gradient_raises_naming_the_parameter_and_changes_nothing(bad_step
     train_regression(model, opt, bad_step, bad_step + 4)
     train_regression(clean, reference, bad_step, bad_step + 4)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), clean.parameters()))
+
+
+@pytest.mark.parametrize("use_madgrad", [False, True])
+def test_a_checkpoint_from_before_it_was_a_plain_chain_resumes_exactly(use_madgrad):
+    """Ranger21's prologue saved the running sum of v as 'ranger21.variance_sum'; the chain's second-moment
+    link keeps the same value under its own name, and a load renames it."""
+    kwargs = dict(lr=1e-2, num_iterations=60, num_warmup_iterations=10, use_madgrad=use_madgrad, compile=False)
+    model = mlp(torch.float64)
+    optimizer = gradwise.Ranger21(model.parameters(), **kwargs)
+    train_regression(model, optimizer, 0, 7)
+    saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    new_key = "second_moment.variance_sum" if use_madgrad else "pnm.variance_sum"
+    for entry in saved["optimizer"]["state"].values():  # the layout the prologue saved
+        entry["ranger21.variance_sum"] = entry.pop(new_key)
+    train_regression(model, optimizer, 7, 14)
+
+    resumed_model = mlp(torch.float64, seed=3)
+    resumed = gradwise.Ranger21(resumed_model.parameters(), **kwargs)
+    resumed_model.load_state_dict(saved["model"])
+    resumed.load_state_dict(saved["optimizer"])
+    train_regression(resumed_model, resumed, 7, 14)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed_model.parameters()))
+    assert all(new_key in entry for entry in resumed.state_dict()["state"].values())

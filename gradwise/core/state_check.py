@@ -151,9 +151,17 @@ def checked_load(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
     strays = sorted(map(repr, set(state_dict["state"]) - set(owners)))
     if strays:
         raise ValueError(f"state_dict['state'] has entries for {', '.join(strays)}, which no param group lists")
-    states = {saved_id: _checked_state(optimizer, saved_id, saved_state, *owners[saved_id])
+    renamed = getattr(optimizer, "renamed_state", {})  # keys an earlier version of the recipe saved
+    states = {saved_id: _checked_state(optimizer, saved_id, _renamed(saved_state, renamed), *owners[saved_id])
               for saved_id, saved_state in state_dict["state"].items()}
     return {**state_dict, "state": states, "param_groups": groups}
+
+
+def _renamed(saved_state: Any, renamed: Mapping[str, str]) -> Any:
+    """A parameter's saved state with the keys in ``renamed`` (old: new) under their new names."""
+    if not renamed or not isinstance(saved_state, Mapping):
+        return saved_state
+    return {renamed.get(k, k) if renamed.get(k, k) not in saved_state else k: v for k, v in saved_state.items()}
 
 
 def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapping[str, Any], index: int):

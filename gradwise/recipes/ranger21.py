@@ -10,7 +10,7 @@ from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_s
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.pnm import scale_by_pnm_adam
-from gradwise.transforms.regularizers import shrink_like_ranger21, trace_second_moment
+from gradwise.transforms.regularizers import RUNNING_SUM, shrink_like_ranger21, trace_second_moment
 
 
 class Ranger21(Optimizer):
@@ -86,13 +86,13 @@ class Ranger21(Optimizer):
         links += [normalize_gradient()] if using_normgc else []
         decay = shrink_like_ranger21(schedule, norm_loss=normloss_active, core="madgrad" if use_madgrad else "adam")
         if use_madgrad:  # Adam's second moment still drives stable weight decay
-            links += [trace_second_moment(), decay,
-                      scale_by_madgrad(schedule, denominator="softplus", anchor_at_first_step=True)]
+            moments = trace_second_moment()
+            links += [moments, decay, scale_by_madgrad(schedule, denominator="softplus", anchor_at_first_step=True)]
             hyper.update(momentum=momentum)
         else:
-            links += [scale_by_pnm_adam(renormalize=using_normgc, gc_conv_only=gc_conv_only,
-                                        belief=use_adabelief, second_moment_statistics=True),
-                      decay, scale_by_schedule(schedule), scale_by_learning_rate()]
+            moments = scale_by_pnm_adam(renormalize=using_normgc, gc_conv_only=gc_conv_only, belief=use_adabelief,
+                                        second_moment_statistics=True)
+            links += [moments, decay, scale_by_schedule(schedule), scale_by_learning_rate()]
             hyper.update(pnm_momentum_factor=pnm_momentum_factor)
         links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []
         if use_adaptive_gradient_clipping:
@@ -102,6 +102,8 @@ class Ranger21(Optimizer):
         if lookahead_active:
             hyper.update(lookahead_k=lookahead_mergetime, lookahead_alpha=lookahead_blending_alpha)
         self.schedule = schedule
+        # a checkpoint from before Ranger21 was a plain chain keeps the running sum of v under its own key
+        self.renamed_state = {"ranger21.variance_sum": f"{moments.name}.{RUNNING_SUM}"}
         super().__init__(params, chain(*links), maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          state=state, param_rounding=param_rounding, **hyper)
 
