@@ -21,9 +21,6 @@ PACKAGE = Path(gradwise.__file__).parent
 ROOT = PACKAGE.parent
 ABOVE_CORE = ("gradwise.state", "gradwise.recipes", "gradwise.arena")
 CORE_MODULES = ("gradwise.core.transform", "gradwise.core.optimizer", "gradwise.core.executor")
-#: the one private name used across modules, left to the step engine's rewrite (issue 13): the
-#: optimizer's per-bucket step, which core/fused_backward.py runs for one parameter inside backward.
-KNOWN_PRIVATE_ACCESS = {("gradwise/core/fused_backward.py", "_run_bucket")}
 
 
 def _module_name(path: Path) -> str:
@@ -121,8 +118,7 @@ def test_no_module_reads_a_private_attribute_another_module_defines():
     for path, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in definers \
-                    and path not in definers[node.attr] and ast.unparse(node.value) not in ("self", "cls", "super()") \
-                    and (str(path.relative_to(ROOT)), node.attr) not in KNOWN_PRIVATE_ACCESS:
+                    and path not in definers[node.attr] and ast.unparse(node.value) not in ("self", "cls", "super()"):
                 offending.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not offending, "\n".join(offending)
 
