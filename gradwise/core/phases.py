@@ -22,7 +22,7 @@ False): the cost of a cut is one write and one read of that tensor.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
@@ -153,7 +153,7 @@ def combine(ops: Mapping[str, str], parts: list[Mapping[str, Tensor]]) -> dict[s
     return totals
 
 
-def skips(ops: Mapping[str, str], totals: Mapping[str, Tensor]) -> Any:
+def skips(ops: Mapping[str, str], totals: Mapping[str, Tensor]) -> bool:
     """Whether a guard's total says to skip the step: one host synchronization, only when a guard ran."""
     flags = [totals[name] for name, op in ops.items() if op == "skip" and name in totals]
     return bool(torch.stack(flags).any()) if flags else False

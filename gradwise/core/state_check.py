@@ -93,16 +93,10 @@ def refuse_nonfinite(optimizer, work, culprit) -> None:
     """Raise for a step whose statistics came out NaN or inf, read by ``culprit`` (a link that
     ``refuses_nonfinite``: one such element would reach every parameter), naming the first parameter
     whose gradient holds one (the caller has undone the step's preparations: nothing has changed)."""
-    for index, (group, params) in enumerate(work):
-        for p in params:
-            if p.grad.numel() and not bool(torch.isfinite(local(p.grad)).all()):
-                where = f"{param_label(group, p, index)} has NaN or inf in its gradient"
-                break
-        else:
-            continue
-        break
-    else:
-        where = "the step's statistics are NaN or inf (from the parameters or the state: no gradient holds one)"
+    bad = next(((group, p, index) for index, (group, params) in enumerate(work) for p in params
+                if p.grad.numel() and not bool(torch.isfinite(local(p.grad)).all())), None)
+    where = f"{param_label(*bad)} has NaN or inf in its gradient" if bad else \
+        "the step's statistics are NaN or inf (from the parameters or the state: no gradient holds one)"
     raise ValueError(f"{type(optimizer).__name__}: {where}; {culprit!r} reads a statistic of every parameter of the"
                      " step, so one such element would make every parameter NaN. Nothing was changed; pass"
                      " skip_nonfinite=True to skip such steps (counted in skipped_steps)")

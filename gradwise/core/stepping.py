@@ -98,10 +98,11 @@ class PhasedStep:
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
+        advances = uses(transform, "advance")
         # 0-d state that advance() or a link's prepare() writes is put back by a roll back
-        advances = uses(transform, "advance") or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
+        writes_0d = advances or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
         saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] \
-            if advances else [{} for _ in states]
+            if writes_0d else [{} for _ in states]
         by_step: dict[int, list[int]] = defaultdict(list)
         for i, st in enumerate(states):
             st["step"] += 1
@@ -109,7 +110,7 @@ class PhasedStep:
         out = []
         for step, members in by_step.items():
             scalars = transform.scalars(group, step)
-            for i in members if uses(transform, "advance") else ():
+            for i in members if advances else ():
                 transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
             values, layout = pack(hyper, scalars, dtype, device)
             out.append(Bucket(group, phases, [params[i] for i in members], [states[i] for i in members], values,
