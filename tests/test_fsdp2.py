@@ -20,32 +20,19 @@ from __future__ import annotations
 import copy
 import io
 import os
-import socket
-import time
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gradwise import Ranger21
+from tests.distributed_harness import labelled, needs_gloo, spawn
 from tests.registry import ENTRY, ONE_PER_RECIPE
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_gloo]
 
 WORLD_SIZE = 2
 STEPS = 10
 RESUME_STEPS = 3
-#: seconds a collective may wait before gloo raises (a rank that died or diverged)
-COLLECTIVE_TIMEOUT_S = 60
-#: seconds the whole spawn may take before its ranks are killed and the test fails
-JOIN_DEADLINE_S = 300
 RTOL, ATOL = 1e-5, 1e-6
 
 #: the recipes also run compiled (a compile in each rank is what this test's time allows)
@@ -288,59 +275,21 @@ def _run_refusals(rank: int, mesh) -> None:
         optimizer.zero_grad()
 
 
-def _worker(rank: int, port: int, directory: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    import torch._inductor.config as inductor_config
+def _worker(rank: int, world_size: int, directory: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
 
-    inductor_config.compile_threads = 1  # no compile worker pool per rank
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    )
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        for case in CASES:
-            try:
-                dcp_dir = os.path.join(directory, case[0]) if case[0] in DCP_CASES else None
-                _run_case(*case, rank=rank, mesh=mesh, dcp_dir=dcp_dir)
-            except Exception as error:  # name the case in the traceback the test re-raises
-                if hasattr(error, "add_note"):  # Python >= 3.11
-                    error.add_note(f"(rank {rank}, case {case[0]})")
-                raise
-        _run_skip_nonfinite(rank, mesh)
-        _run_refusals(rank, mesh)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world_size,))
+    for case in CASES:
+        try:
+            dcp_dir = os.path.join(directory, case[0]) if case[0] in DCP_CASES else None
+            _run_case(*case, rank=rank, mesh=mesh, dcp_dir=dcp_dir)
+        except Exception as error:
+            labelled(error, rank, case[0])
+            raise
+    _run_skip_nonfinite(rank, mesh)
+    _run_refusals(rank, mesh)
 
 
 # --------------------------------------------------------------------------- the test
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_elementwise_recipes_match_unsharded_under_fsdp2(tmp_path):
-    context = mp.start_processes(
-        _worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + JOIN_DEADLINE_S
-    failure = None
-    try:
-        # join raises ProcessRaisedException (with the rank's traceback) or ProcessExitedException as
-        # soon as one rank fails, after terminating the others
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                failure = f"FSDP2 ranks still running after {JOIN_DEADLINE_S} s; killed them"
-                break
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
-        failure = f"a rank failed:\n{error}"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=10)
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
+    spawn(_worker, WORLD_SIZE, str(tmp_path))
