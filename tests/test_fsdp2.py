@@ -124,20 +124,27 @@ def _assert_grads_close(label: str, sharded, reference) -> None:
 
 
 def _check_state_dict(label: str, model, optimizer) -> None:
-    """Param-shaped state must be DTensors sharded like their parameters."""
+    """A rank saves the keys it keeps (``keys_here``): param-shaped state of the links that run on shards
+    as DTensors sharded like their parameter, the state of whole-tensor links as whole tensors on the
+    parameter's owner only."""
     from torch.distributed.tensor import DTensor
 
     saved = optimizer.state_dict()
     params = list(model.parameters())
     assert set(saved["state"]) == set(range(len(params))), f"{label}: state_dict lacks some parameters' state"
     for index, p in enumerate(params):
+        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+        here = optimizer.keys_here(p, group)
+        owner = optimizer.owner(p)
         for key, value in saved["state"][index].items():
-            if value.shape == p.shape and value.dim() > 0:
-                assert isinstance(value, DTensor), f"{label}: state[{index}][{key!r}] is {type(value).__name__}"
+            assert key == "step" or key.split("@")[0] in here, f"{label}: rank saves state[{index}][{key!r}]"
+            if isinstance(value, DTensor):
                 assert value.placements == p.placements and value.device_mesh == p.device_mesh, (
-                    f"{label}: state[{index}][{key!r}] placed {value.placements}, its parameter {p.placements}"
-                )
+                    f"{label}: state[{index}][{key!r}] placed {value.placements}, its parameter {p.placements}")
                 assert value.to_local().shape == p.to_local().shape, f"{label}: state[{index}][{key!r}] local shape"
+            elif value.shape == p.shape and value.dim() > 0:
+                assert owner == p.device_mesh.get_local_rank(), (
+                    f"{label}: state[{index}][{key!r}] is a whole tensor on a rank that does not own {index}")
 
 
 def _fresh_copy(model, mesh):

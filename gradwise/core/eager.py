@@ -32,29 +32,32 @@ def run_eager(
     static: Mapping[str, Any],
     seeds: list[int] | None = None,
     outputs: list[Tensor] | None = None,
+    starts: list[int] | None = None,
 ) -> list[dict[str, Tensor]]:
     """One phase of the step on every parameter, in pieces where the phase allows it; returns the
     parts of the next phase's reductions, one dict per piece run. ``seeds`` (one per parameter) are
-    the stochastic-rounding seeds of bfloat16 parameters, else None; ``outputs``: as ``run_chain``'s."""
+    the stochastic-rounding seeds of bfloat16 parameters, else None, ``starts`` the logical index of each
+    one's first element (a shard's offset; 0 when None); ``outputs``: as ``run_chain``'s."""
     whole: list[int] = []
     batch: list[tuple] = []
     parts: list[dict[str, Tensor]] = []
     size = 0
     for i, (p, g, state) in enumerate(zip(params, inputs, states)):
         seed = 0 if seeds is None else seeds[i]
+        base = 0 if starts is None else starts[i]
         out = None if outputs is None else outputs[i]
         if not _sliceable(phase, p, g, state):
             whole.append(i)
             continue
         if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
-            pieces = [(p, g, dict(state), seed, 0, out)]
+            pieces = [(p, g, dict(state), seed, base, out)]
         else:
             flat_p, flat_g = flat_alias(p), flat_alias(g)
             flat_out = None if out is None else flat_alias(out)
             flat_state = {k: flat_alias(v) if v.shape == p.shape else v for k, v in state.items()}
             pieces = [(flat_p[piece], flat_g[piece],
                        {k: v[piece] if v.shape == flat_p.shape else v for k, v in flat_state.items()},
-                       seed, piece.start, None if flat_out is None else flat_out[piece])
+                       seed, base + piece.start, None if flat_out is None else flat_out[piece])
                       for piece in (slice(start, start + EAGER_CHUNK) for start in range(0, p.numel(), EAGER_CHUNK))]
         for piece in pieces:
             batch.append(piece)
@@ -66,8 +69,8 @@ def run_eager(
         parts.append(_run_batch(phase, batch, values, layout, static, seeds is not None))
     if whole:
         keys = states[whole[0]].keys()
-        rounding = None if seeds is None else rounding_rows([seeds[i] for i in whole], [0] * len(whole),
-                                                            params[0].device)
+        rounding = None if seeds is None else rounding_rows(
+            [seeds[i] for i in whole], [0 if starts is None else starts[i] for i in whole], params[0].device)
         parts.append(run_chain(phase, [params[i] for i in whole], [inputs[i] for i in whole],
                                {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding,
                                None if outputs is None else [outputs[i] for i in whole]))

@@ -172,19 +172,20 @@ class CompiledStep:
         return not self._flatten or flattenable(p, g, state)
 
     def __call__(self, params, inputs, states, values: Tensor, layout, static, seeds=None,
-                 outputs=None) -> list[dict[str, Tensor]]:
+                 outputs=None, starts=None) -> list[dict[str, Tensor]]:
         """Run the phase on the parameters (``accepts`` must have said yes to each) and return the
         parts of the next phase's reductions, one dict per call. ``done`` counts the parameters run, so
         that a caller can finish the rest eagerly if a compilation fails. ``seeds``, one per parameter,
-        are the stochastic-rounding seeds of bfloat16 parameters (else None); ``outputs``: as
-        ``run_chain``'s."""
+        are the stochastic-rounding seeds of bfloat16 parameters (else None), ``starts`` the logical index
+        of each one's first element (a shard's offset; 0 when None); ``outputs``: as ``run_chain``'s."""
         self.done = 0
         parts = []
         size = GROUP if self._flatten else 1
         while self.done < len(params):
             n = size if len(params) - self.done >= size else 1
             batch = slice(self.done, self.done + n)
-            rounding = None if seeds is None else rounding_rows(seeds[batch], [0] * n, params[0].device)
+            first = [0] * n if starts is None else starts[batch]
+            rounding = None if seeds is None else rounding_rows(seeds[batch], first, params[0].device)
             parts.append(self._call(params[batch], inputs[batch], states[batch], values, layout, static, rounding,
                                     None if outputs is None else outputs[batch]))
             self.done += n

@@ -71,24 +71,3 @@ def local(t: Tensor) -> Tensor:
     if isinstance(t, DTensor):
         t = t.to_local()
     return torch.view_as_real(t) if t.is_complex() else t
-
-
-def any_rank(flag: Tensor | None, params: list[Tensor]) -> Tensor | None:
-    """``flag`` OR-ed over every rank that holds shards of the DTensor ``params``; ``flag`` itself
-    when none is a DTensor. Each rank sees only its own shards, so a decision that must be the same
-    on every rank (skip this step) has to be taken from all of them. A collective: every rank of
-    those meshes must call it, passing ``None`` when it has nothing to flag."""
-    meshes: dict[Any, torch.device] = {}
-    for p in params:
-        if isinstance(p, DTensor) and p.device_mesh not in meshes:
-            meshes[p.device_mesh] = p.to_local().device
-    if not meshes:
-        return flag
-    import torch.distributed as dist
-
-    total = None if flag is None else flag.to(torch.int32)
-    for mesh, device in meshes.items():
-        total = torch.zeros((), dtype=torch.int32, device=device) if total is None else total.to(device)
-        for dim in range(mesh.ndim):
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
-    return total.bool()

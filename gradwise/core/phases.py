@@ -19,6 +19,12 @@ A chain runs in one pass per bucket (``p <- p + chain(g)``) unless it needs more
 
 Between phases each parameter's update is kept in a float tensor shaped like it (``Phase.last`` is
 False): the cost of a cut is one write and one read of that tensor.
+
+For sharded parameters (``plan(..., sharded=True)``) a segment is cut into runs of elementwise links,
+which run on each rank's shards, and runs of whole-tensor links, which run on each parameter's owner
+(``Phase.owned``, ``core/owned.py``); so is a mover's phase, and a phase that prepares its reducer
+(it reads whole tensors). A phase whose first link is the reducer of an owned phase, and keeps
+state, is owned too: that state is read where the reducer ran.
 """
 from __future__ import annotations
 
@@ -42,13 +48,17 @@ class Phase(Transform):
     name = "phase"
 
     def __init__(self, links: list[tuple[str, Transform]], reducer: tuple[str, Transform] | None,
-                 reads_grads: bool, last: bool, moves: bool = False):
+                 reads_grads: bool, last: bool, moves: bool = False, owned: bool = False):
         self._links, self.reducer, self.reads_grads, self.last, self.moves = links, reducer, reads_grads, last, moves
+        self.owned = owned
         self.writes = tuple(_keys(links if reducer is None or not reducer[1].prepares else [*links, reducer]))
         self.state = tuple(dict.fromkeys([*self.writes, *_keys([reducer] if reducer else [])]))
         # a reducer that prepares sees whole tensors
         self.elementwise = all(t.elementwise for _, t in links) and not (reducer and reducer[1].prepares)
         self.batched = any(t.batched for _, t in links)
+        #: an owner needs the whole parameters too (not only the phase's input)
+        self.reads_params = last or moves or any(t.reads_params for _, t in links) or \
+            bool(reducer and reducer[1].prepares and reducer[1].reads_params)
 
     def links(self) -> list[tuple[str, Transform]]:
         return list(self._links)
@@ -81,8 +91,9 @@ class Phase(Transform):
         return "phase(" + ", ".join(repr(t) for _, t in self._links) + ")"
 
 
-def plan(transform: Transform, compiled: bool) -> tuple[Phase, ...]:
-    """The phases ``transform`` (a group's resolved chain) runs in; one when it needs no cut."""
+def plan(transform: Transform, compiled: bool, sharded: bool = False) -> tuple[Phase, ...]:
+    """The phases ``transform`` (a group's resolved chain) runs in; one when it needs no cut.
+    ``sharded``: for parameters sharded over ranks (module docstring)."""
     links = _fused(transform.links() if isinstance(transform, Chain) else [("", transform)])
     segments: list[tuple[list, tuple | None]] = []
     current: list[tuple[str, Transform]] = []
@@ -96,17 +107,36 @@ def plan(transform: Transform, compiled: bool) -> tuple[Phase, ...]:
     segments.append((current, None))
     phases: list[Phase] = []
     reads_grads = True
+    owned_reducer = None
     for seg_links, reducer in segments:
         movers = [(n, t) for n, t in seg_links if t.moves_point]
         if movers:  # they move the parameters once the reductions before them are known, before the rest runs
-            phases.append(Phase(movers, None, reads_grads, False, moves=True))
+            phases.append(Phase(movers, None, reads_grads, False, moves=True, owned=sharded))
             seg_links = [(n, t) for n, t in seg_links if not t.moves_point]
-        parts = _split(seg_links, compiled)
+        parts = _runs(seg_links) if sharded else _split(seg_links, compiled)
         for part_index, part in enumerate(parts):
             final = part_index == len(parts) - 1
-            phases.append(Phase(part, reducer if final else None, reads_grads, final and reducer is None))
+            phase = Phase(part, reducer if final else None, reads_grads, final and reducer is None)
+            if sharded:  # the reducer of an owned phase keeps its state where that phase ran it
+                follows_owned = owned_reducer is not None and bool(part) and part[0] == owned_reducer \
+                    and bool(part[0][1].state)
+                phase.owned = not phase.elementwise or follows_owned
+            phases.append(phase)
             reads_grads = reads_grads and not part
+        owned_reducer = reducer if phases and phases[-1].owned else None
     return tuple(phases)
+
+
+def owned_namespaces(phases: tuple[Phase, ...]) -> set[str]:
+    """The namespaces of the links whose state lives on the owner (they run in owned phases, or
+    prepare for one)."""
+    owned = set()
+    for ph in phases:
+        if ph.owned:
+            owned.update(n for n, _ in ph.links())
+            if ph.reducer and ph.reducer[1].prepares:
+                owned.add(ph.reducer[0])
+    return owned
 
 
 def _fused(links: list[tuple[str, Transform]]) -> list[tuple[str, Transform]]:
@@ -131,6 +161,18 @@ def _split(links: list[tuple[str, Transform]], compiled: bool) -> list[list[tupl
     if compiled and not any(t.batched for _, t in prefix):
         return [links]
     return [prefix, links[whole[-1] + 1:]]
+
+
+def _runs(links: list[tuple[str, Transform]]) -> list[list[tuple[str, Transform]]]:
+    """A segment as its maximal runs of elementwise and of whole-tensor links (sharded parameters:
+    the first run on shards, the second on owners); an empty segment is one empty part."""
+    runs: list[list[tuple[str, Transform]]] = []
+    for link in links:
+        if runs and runs[-1][-1][1].elementwise == link[1].elementwise:
+            runs[-1].append(link)
+        else:
+            runs.append([link])
+    return runs or [[]]
 
 
 def _check_guard_position(guard: Transform, before: list[tuple[str, Transform]]) -> None:

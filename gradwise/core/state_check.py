@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import choice, non_negative_int
-from gradwise.core.params import DTensor, local, param_label
+from gradwise.core.params import local, param_label
+from gradwise.core.sharding import sharding
 from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.core.transform import counters_of
 
@@ -74,12 +75,7 @@ def check_step(optimizer) -> None:
                 raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
                                  f" {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            sums = sorted(name for name, op in transform.reductions.items() if op != "skip")
-            if (not transform.elementwise or sums) and isinstance(p, DTensor):
-                needs = "needs whole tensors" + (f" (it reduces {sums} over every parameter)" if sums else "")
-                raise NotImplementedError(
-                    f"{param_label(group, p, index)}: {transform!r} {needs}, and gradwise does not yet"
-                    " gather DTensor shards; use an elementwise recipe (SGD, Adam, AdamW, NAdamW, Lion) with FSDP2")
+            sharding(p, param_label(group, p, index))  # refuses placements gradwise does not step
             expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
                 if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:
@@ -167,6 +163,9 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
     if not saved_state:
         return {}
     expected = expected_state(optimizer, p, group)
+    if sharding(p) is not None:  # an owned link's state lives on the parameter's owner only
+        here = set(optimizer.keys_here(p, group))
+        expected = {k: v for k, v in expected.items() if k in here}
     extra = getattr(optimizer, "extra_state", {})
     plain, encoded = layout(tuple(saved_state))
     found = set(plain) | {b for b, _ in encoded}

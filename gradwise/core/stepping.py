@@ -20,9 +20,11 @@ from torch import Tensor
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.hashing import seed
-from gradwise.core.params import any_rank, local
-from gradwise.core.phases import Phase, combine, plan, skips
+from gradwise.core.params import local
+from gradwise.core.phases import Phase, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
+from gradwise.core.sharded_step import ShardedStep, shard_group
+from gradwise.core.sharding import Sharding, sharding
 from gradwise.core.state_check import refuse_nonfinite
 from gradwise.core.state_keys import has_buffer
 from gradwise.core.transform import Context, state_dtype, uses
@@ -46,9 +48,17 @@ class Bucket:
     fresh: list[Tensor] = field(default_factory=list)
     saved: list[dict[str, Tensor]] = field(default_factory=list)
     done: bool = False
+    #: each parameter's ``Sharding`` when they are sharded over ranks, else None
+    sharding: list[Sharding] | None = None
+    #: the optimizer's parameters these stand for (their positions seed, their buffers are kept by), when
+    #: ``params`` are an owner's whole copies of them
+    keys: list[Tensor] | None = None
+
+    def key(self, i: int) -> Tensor:
+        return self.params[i] if self.keys is None else self.keys[i]
 
 
-class PhasedStep:
+class PhasedStep(ShardedStep):
     """The step, as methods of ``gradwise.Optimizer`` (which sets ``transform``, ``hyper_specs``,
     ``compile``, ``_use_compiled``, ``_compiled`` and ``storage``)."""
 
@@ -61,7 +71,8 @@ class PhasedStep:
         phase has not run are put back, so a compile failure (graphs compile on copies first) changes
         nothing. An exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier buckets
         stepped and this bucket's parameters and param-shaped state in part (README)."""
-        plans = _after_guards({id(g): self._plan(g) for g, params in work if params})
+        plans = _after_guards({id(g): self._plan(g, any(sharding(p) is not None for p in params))
+                               for g, params in work if params})
         _check_rounds(plans.values())
         refusing = [t for phases in plans.values() if not any(_guards(ph) for ph in phases)
                     for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
@@ -70,19 +81,20 @@ class PhasedStep:
             for group, params in work:
                 for same in _buckets(params):
                     buckets += self._prepare(group, plans[id(group)], same)
+            over = shard_group(buckets)
             for r in range(max((len(b.phases) for b in buckets), default=0)):
                 active = [b for b in buckets if r < len(b.phases)]
-                parts = [part for b in active for part in self._run_phase(b, b.phases[r])]
+                parts = {True: [], False: []}
+                for b in active:
+                    parts[b.sharding is not None] += self._run_phase(b, b.phases[r])
                 ops = {k: op for b in active if b.phases[r].reducer
                        for k, op in b.phases[r].reducer[1].reductions.items()}
-                totals = combine(ops, parts)
+                totals = self._totals(ops, parts[False], parts[True], over)
                 if refusing and totals and not bool(torch.stack(list(totals.values())).isfinite().all()):
                     refuse_nonfinite(self, work, refusing[0])  # raises: the handler below undoes the step
-                if "skip" in ops.values():
-                    flag = any_rank(torch.tensor(skips(ops, totals)), [p for b in buckets for p in b.params])
-                    if bool(flag):
-                        _roll_back(self, buckets)
-                        return False
+                if "skip" in ops.values() and skips(ops, totals):  # totals are the same on every rank
+                    _roll_back(self, buckets)
+                    return False
                 for b in active:
                     b.done = b.phases[r].last
                     b.values, b.layout = with_totals(b.values, b.layout, totals)
@@ -113,15 +125,19 @@ class PhasedStep:
             for i in members if advances else ():
                 transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
             values, layout = pack(hyper, scalars, dtype, device)
+            layouts = [sharding(params[i]) for i in members]
             out.append(Bucket(group, phases, [params[i] for i in members], [states[i] for i in members], values,
                               layout, static, [params[i].grad for i in members],
-                              [params[i] for i in members if id(params[i]) in fresh], [saved[i] for i in members]))
+                              [params[i] for i in members if id(params[i]) in fresh], [saved[i] for i in members],
+                              sharding=layouts if layouts[0] is not None else None))
         return out
 
     def _run_phase(self, bucket: Bucket, phase: Phase) -> list[dict[str, Tensor]]:
         """Run ``phase`` on the bucket; its outputs become the bucket's inputs for the next phase."""
         if not phase.links() and phase.reducer is None:
             return []  # a round this bucket waits out (``_after_guards``)
+        if phase.owned and bucket.sharding is not None:
+            return self._run_owned(bucket, phase)
         if phase.moves:
             self._move_point(bucket, phase)
             return []
@@ -136,12 +152,13 @@ class PhasedStep:
         encoded = [i for i, s in enumerate(states) if self.storage.is_encoded(s)]
         if encoded:
             parts += self.storage.run(phase, [params[i] for i in encoded], [inputs[i] for i in encoded],
-                                       [states[i] for i in encoded], [self._position(params[i]) for i in encoded],
+                                       [states[i] for i in encoded], [self._position(bucket.key(i)) for i in encoded],
                                        values, layout, static, compiled=runner is not None, fall_back=self._fall_back,
                                        outputs=None if outputs is None else [outputs[i] for i in encoded])
         plain = [i for i in range(len(params)) if i not in set(encoded)]
-        seeds = [seed(int(states[i]["step"]), self._position(params[i]), "param") for i in plain] \
+        seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
+        starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]
         views = [local(params[i]) for i in plain]
         given = [local(inputs[i]) for i in plain]
         keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
@@ -152,7 +169,7 @@ class PhasedStep:
             bucket_state = {k: [o[k] for o in own] for k in keys}
             scratch = self.__dict__.setdefault("_scratch", {})
             buffers = [scratch.setdefault((phase, p), torch.empty_like(x, dtype=state_dtype(v)))
-                       for p, x, v in zip((params[i] for i in plain), given, views)]
+                       for p, x, v in zip((bucket.key(i) for i in plain), given, views)]
             parts.append(run_chain(phase, views, given, bucket_state, values, layout, static, keep=kept,
                                    scratch=buffers))
             for i, u in zip(plain, kept):
@@ -167,14 +184,14 @@ class PhasedStep:
             try:
                 parts += runner([views[i] for i in chosen], [given[i] for i in chosen], [own[i] for i in chosen],
                                 values, layout, static, None if seeds is None else [seeds[i] for i in chosen],
-                                None if outs is None else [outs[i] for i in chosen])
+                                None if outs is None else [outs[i] for i in chosen], [starts[i] for i in chosen])
             except Exception as error:  # under "auto", a failed compile falls back to eager
                 self._fall_back(error)
                 eager += chosen[runner.done:]
         if eager:
             parts += run_eager(phase, [views[i] for i in eager], [given[i] for i in eager], [own[i] for i in eager],
                                values, layout, static, None if seeds is None else [seeds[i] for i in eager],
-                               None if outs is None else [outs[i] for i in eager])
+                               None if outs is None else [outs[i] for i in eager], [starts[i] for i in eager])
         if outputs is not None:
             bucket.inputs = outputs
         return parts
@@ -188,17 +205,18 @@ class PhasedStep:
         state = {k: [local(st[k]) for st in bucket.states] for k in phase.state}
         factors = phase.point_factors([v.to(state_dtype(v)) for v in views], state, ctx)
         stochastic = rounds_stochastically(bucket.static, views[0].dtype)
-        for p, view, factor, st in zip(bucket.params, views, factors, bucket.states):
+        for i, (view, factor, st) in enumerate(zip(views, factors, bucket.states)):
             if stochastic:
-                row = rounding_rows([seed(int(st["step"]), self._position(p), "point")], [0], view.device)
+                row = rounding_rows([seed(int(st["step"]), self._position(bucket.key(i)), "point")], [0], view.device)
                 moved = view.to(state_dtype(view))
                 add_stochastically(view, moved * factor - moved, row[0, 0], row[0, 1])
             else:
                 view.mul_(factor)
 
-    def _plan(self, group: dict[str, Any]) -> tuple[Phase, ...]:
-        """The phases of the group's chain, made once (compiled graphs are kept per phase)."""
-        key = (self.transform.for_group(group), self._compiling())
+    def _plan(self, group: dict[str, Any], sharded: bool = False) -> tuple[Phase, ...]:
+        """The phases of the group's chain, made once (compiled graphs are kept per phase); ``sharded``:
+        for parameters sharded over ranks."""
+        key = (self.transform.for_group(group), self._compiling(), sharded)
         cache = self.__dict__.setdefault("_plans", {})
         if key not in cache:
             cache[key] = plan(*key)
@@ -232,8 +250,10 @@ class PhasedStep:
     def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         state = self.state[p]
         transform = self.transform.for_group(group)
-        if "step" not in state or any(not has_buffer(state, k) for k in transform.state):
-            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
+        keys = transform.state if sharding(p) is None else self.keys_here(p, group)
+        if "step" not in state or any(not has_buffer(state, k) for k in keys):
+            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group) if keys is transform.state \
+                else self._sharded_init(p, group)
             transform.seed(fresh, self._position(p))
             names = group.get("param_names")
             name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
@@ -304,7 +324,7 @@ def _check_rounds(plans) -> None:
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
     groups: dict[tuple, list[Tensor]] = defaultdict(list)
     for p in params:
-        groups[(p.device, p.dtype, type(p))].append(p)
+        groups[(p.device, p.dtype, type(p), sharding(p) is not None)].append(p)
     return list(groups.values())
 
 

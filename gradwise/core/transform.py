@@ -124,6 +124,9 @@ class Transform:
     moves_point: bool = False
     #: a link that computes some of its own state from its whole input before its update (``prepare``)
     prepares: bool = False
+    #: whether ``update`` (or ``prepare``) reads ``ctx.params``: a whole-tensor link that does not is sent
+    #: only its input, not its parameter, when it runs on a sharded parameter's owner (``core/owned.py``)
+    reads_params: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -147,7 +150,8 @@ class Transform:
         to the wrapped transforms that use it.
         """
         for namespace, t in _wrapped_using(self, "seed"):
-            t.seed(strip_namespace(namespace, state), index)
+            if _kept_here(t, own := strip_namespace(namespace, state)):
+                t.seed(own, index)
 
     def scalars(self, hyper: Mapping[str, Any], step: int) -> dict[str, float]:
         """Per-step constants computed in Python from the hyperparameters and the step count (e.g.
@@ -166,7 +170,8 @@ class Transform:
         to the wrapped transforms that use it.
         """
         for namespace, t in _wrapped_using(self, "advance"):
-            t.advance(strip_namespace(namespace, state), hyper, strip_namespace(namespace, scalars))
+            if _kept_here(t, own := strip_namespace(namespace, state)):
+                t.advance(own, hyper, strip_namespace(namespace, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
@@ -344,6 +349,12 @@ def _wrapped_using(transform: Transform, hook: str,
                    group: Mapping[str, Any] | None = None) -> list[tuple[str, Transform]]:
     """The (namespace, transform) pairs ``transform`` wraps (for ``group``) that use ``hook``."""
     return [(namespace, t) for namespace, t in transform.wrapped(group) if uses(t, hook, group)]
+
+
+def _kept_here(t: Transform, state: Mapping[str, Any]) -> bool:
+    """Whether this process keeps ``t``'s state: a sharded parameter's owned link keeps it on its owner
+    only (``core/sharded_step.py``), and its hooks run there."""
+    return not t.state or any(k in state for k in t.state)
 
 
 def strip_namespace(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -48,6 +48,7 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
 
     name = "newton_schulz"
     elementwise = False
+    reads_params = False
     batched = True
     hyper = {
         "ns_coefficients": Hyper(MUON_COEFFICIENTS, sequence_of((number_in(),) * 3, ("a", "b", "c")), static=True),
@@ -90,6 +91,7 @@ class scale_by_shape(Transform):  # noqa: N801
 
     name = "shape_scale"
     elementwise = False
+    reads_params = False
     hyper = {"adjust_lr_fn": Hyper(None, choice(ADJUST_LR_FNS), static=True)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:

@@ -58,6 +58,7 @@ class scale_by_shampoo(FactorCounters, Transform):  # noqa: N801 - transforms ar
     name = "shampoo"
     state = ("factor_left", "factor_right", "root_left", "root_right", "exp_avg", "graft_sq")
     elementwise = False
+    reads_params = False
     batched = True
     hyper = {
         "betas": Hyper((0.9, 0.999), BETAS),

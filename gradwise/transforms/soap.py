@@ -34,6 +34,7 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
     name = "soap"
     state = ("exp_avg", "exp_avg_sq", "factor_left", "factor_right", "basis_left", "basis_right")
     elementwise = False
+    reads_params = False
     batched = True
     hyper = {
         "betas": Hyper((0.95, 0.95), betas_pair),

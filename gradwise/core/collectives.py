@@ -1,0 +1,53 @@
+"""The collectives a step sends, each counted: what gradwise adds to a training step's communication.
+
+``Traffic`` counts, per kind of collective, the calls and the bytes this rank hands to other ranks:
+an all-reduce counts its payload once (``tensor.nbytes``, whatever algorithm the backend runs), an
+all-to-all the chunks it addresses to other ranks (not the one it keeps). These are the figures
+``gradwise estimate --world-size`` predicts and ``optimizer.comm_stats`` reports; FSDP2's own
+all-gather and reduce-scatter of parameters and gradients are not the optimizer's and are not counted.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass
+class Traffic:
+    """Calls and bytes sent by this rank, by kind of collective."""
+
+    calls: Counter = field(default_factory=Counter)
+    bytes_sent: Counter = field(default_factory=Counter)
+
+    def record(self, kind: str, nbytes: int) -> None:
+        self.calls[kind] += 1
+        self.bytes_sent[kind] += nbytes
+
+    def summary(self) -> dict[str, int]:
+        """``{"collectives": n, "bytes_sent": b, "<kind>_bytes": ...}`` since the optimizer was built."""
+        out = {"collectives": sum(self.calls.values()), "bytes_sent": sum(self.bytes_sent.values())}
+        out.update({f"{kind}_bytes": n for kind, n in sorted(self.bytes_sent.items())})
+        return out
+
+
+def all_reduce(tensor: Tensor, op: str, group, traffic: Traffic) -> Tensor:
+    """``tensor`` reduced in place over ``group`` by ``op`` ("sum" or "max")."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=group)
+    traffic.record("all_reduce", tensor.nbytes)
+    return tensor
+
+
+def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) -> list[Tensor]:
+    """Send ``chunks[r]`` (1-D, one dtype) to rank r of ``group``; returns what each rank sent here,
+    ``sizes[r]`` elements from rank r."""
+    rank = dist.get_rank(group)
+    received = torch.empty(sum(sizes), dtype=chunks[0].dtype, device=chunks[0].device)
+    # one buffer each way with split sizes: gloo's list form needs chunks of one size
+    dist.all_to_all_single(received, torch.cat(chunks), output_split_sizes=sizes,
+                           input_split_sizes=[c.numel() for c in chunks], group=group)
+    traffic.record("all_to_all", sum(c.nbytes for r, c in enumerate(chunks) if r != rank))
+    return list(received.split(sizes))
