@@ -58,9 +58,6 @@ class Entry:
     #: ``gradwise.fused_backward(optimizer)`` accepts it (no chain batched across parameters, no step()
     #: of its own)
     fused_backward: bool = True
-    #: steps FSDP2-sharded parameters exactly as unsharded ones (tests/test_fsdp2.py, on 2 gloo ranks);
-    #: False: refuses shards with NotImplementedError, as a chain that needs whole tensors does
-    fsdp2: bool = False
     #: its step amplifies a small error of its state (Newton-Schulz lifts every singular value to about
     #: 1, preconditioners divide by small eigenvalues): encoded state is held to a loss, not a trajectory
     amplifies_state_error: bool = False
@@ -171,26 +168,25 @@ ENTRIES = [
     _entry(gradwise.SGD, torch.optim.SGD, ("sgd", dict(lr=0.05)),
            ("sgd-momentum-dampening", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
            ("sgd-nesterov", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
-           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.SGD),
+           complex=True, maximize_reference=True, torch_counterpart=torch.optim.SGD),
     _entry(gradwise.Adam, torch.optim.Adam, ("adam", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
-           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.Adam),
+           complex=True, maximize_reference=True, torch_counterpart=torch.optim.Adam),
     _entry(gradwise.AdamW, torch.optim.AdamW, ("adamw", dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
            Config("adamw-maximize", dict(lr=0.01, maximize=True), trains=False),
-           complex=True, maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.AdamW),
+           complex=True, maximize_reference=True, torch_counterpart=torch.optim.AdamW),
     _entry(gradwise.NAdamW, torch.optim.NAdam,
            ("nadamw", dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3),
             dict(lr=0.01, weight_decay=0.1, momentum_decay=4e-3, decoupled_weight_decay=True)),
-           maximize_reference=True, fsdp2=True, torch_counterpart=torch.optim.NAdam,
+           maximize_reference=True, torch_counterpart=torch.optim.NAdam,
            own_defaults=frozenset({"weight_decay", "decoupled_weight_decay"})),  # NAdam with AdamW's decay
-    _entry(gradwise.Lion, _lion, ("lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)), fsdp2=True),
+    _entry(gradwise.Lion, _lion, ("lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1))),
     _entry(gradwise.ScheduleFreeAdamW, _schedulefree("AdamWScheduleFree"),
            ("schedule-free-adamw",
-            dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),
-           fsdp2=True),
+            dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=10, r=0.5, weight_lr_power=2.0)),),
     _entry(gradwise.ScheduleFreeSGD, _schedulefree("SGDScheduleFree"),
            ("schedule-free-sgd", dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0,
                                       weight_lr_power=1.0)),
-           state=False, complex=True, fsdp2=True),
+           state=False, complex=True),
     _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
                                           dict(lr=3e-3, num_iterations=50, beta0=0.9)),
            required=dict(lr=1e-3, num_iterations=100), fused_backward=False),
@@ -207,7 +203,7 @@ ENTRIES = [
     _entry(gradwise.AdamMini, None, ("adam-mini", dict(lr=0.01, weight_decay=0.1))),  # tests/test_adam_mini.py
     # updated inside backward (fused_backward=True by default); float64 references in tests/test_lomo.py
     _entry(gradwise.LOMO, None, ("lomo", dict(lr=0.05, clip_grad_value=0.5, weight_decay=0.01)),
-           required=dict(fused_backward=False), fsdp2=True),
+           required=dict(fused_backward=False)),
     _entry(gradwise.AdaLomo, None, ("adalomo", dict(lr=0.01, weight_decay=0.01)), required=dict(fused_backward=False)),
     # unprojected here (the references project only groups that carry "rank"): tests/test_galore.py and
     # tests/test_apollo.py compare the projections step by step, APOLLO-Mini's included

@@ -155,8 +155,9 @@ def test_estimate_reports_the_small_state_it_allocates():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", [gradwise.APOLLO, gradwise.GaLoreAdamW])
-def test_fsdp2_raises_not_implemented(recipe, tmp_path):
-    """A one-rank process group is enough to make DTensor parameters; the step must refuse them."""
+def test_a_one_rank_fsdp2_mesh_steps_as_unsharded(recipe, tmp_path):
+    """On a one-rank mesh every DTensor holds its whole tensor: the step runs as on plain tensors, bit for
+    bit (sharded meshes: tests/test_fsdp2.py)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -165,12 +166,12 @@ def test_fsdp2_raises_not_implemented(recipe, tmp_path):
         pytest.skip("needs torch.distributed with gloo")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        net = model()
-        fully_shard(net, mesh=init_device_mesh("cpu", (1,)))
-        optimizer = recipe(net.parameters(), lr=0.01, rank=1, compile=False)
-        net(torch.randn(4, 8)).sum().backward()
-        with pytest.raises(NotImplementedError, match="needs whole tensors"):
-            optimizer.step()
+        sharded, plain = model(), model()
+        fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+        train(sharded, recipe(groups(sharded, rank=2, update_proj_gap=2), lr=0.01, compile=False), 4)
+        train(plain, recipe(groups(plain, rank=2, update_proj_gap=2), lr=0.01, compile=False), 4)
+        for p, q in zip(sharded.parameters(), plain.parameters()):
+            assert torch.equal(p.full_tensor(), q.detach())
     finally:
         dist.destroy_process_group()
 

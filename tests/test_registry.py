@@ -67,13 +67,6 @@ def test_declared_torch_counterpart_is_the_checkpoint_format_it_converts(entry):
         assert f"torch.optim.{entry.torch_counterpart.__name__}" in names
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_declared_fsdp2_is_what_the_engine_runs_on_shards(entry):
-    """The engine steps DTensor shards of elementwise chains only, and runs no step() of a recipe's own."""
-    own_step = inspect.unwrap(entry.recipe.step) is not inspect.unwrap(gradwise.Optimizer.step)
-    assert entry.fsdp2 is (all(c.elementwise for c in entry.chains) and not own_step)
-
-
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if not e.compiles], ids=lambda e: e.name)
 def test_batched_chains_compile_only_their_elementwise_rest(entry):
     """Their batched links (one eigh or matmul over same-shaped matrices) run eagerly with compile=True;

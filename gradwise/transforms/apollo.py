@@ -64,7 +64,8 @@ class scale_by_apollo(Transform):  # noqa: N801 - transforms are named like func
     A random projection is never stored: it is redrawn every step from the 0-d ``seed`` state, which
     starts at the parameter's index (in group order) + 1 and goes through ``state_dict``, so a resume
     is exact. Seeds and draws follow apollo-torch's, so the trajectory matches it. It runs eagerly on
-    whole tensors (``batched``), not on DTensor shards. ``rank`` larger than the side it projects raises.
+    whole tensors (``batched``): a sharded parameter's on its owner (``core/owned.py``). ``rank`` larger
+    than the side it projects raises.
     """
 
     name = "apollo"

@@ -109,7 +109,8 @@ class project_low_rank(Transform):  # noqa: N801 - transforms are named like fun
     (``inner_chain``).
 
     It is not elementwise (a matmul and an SVD per matrix), so it runs eagerly on whole tensors
-    (``batched``), and not on DTensor shards. ``rank`` larger than min(m, n) raises ``ValueError``.
+    (``batched``); a sharded (FSDP2) parameter's on its owner (``core/owned.py``). ``rank`` larger than
+    min(m, n) raises ``ValueError``.
     """
 
     name = "galore"
