@@ -16,6 +16,7 @@ process group built once per world size:
 * bfloat16 parameters with ``param_rounding="stochastic"`` (AdamW on shards, Ranger21 on owners) are
   bit-identical to the unsharded run: the random bits hash each element's logical index;
 * ``skip_nonfinite`` skips the step on every rank when only one rank's shard of the gradient is NaN;
+* on 4 ranks, a subset also as HSDP (2 replicas of 2 shards);
 * a placement gradwise does not step (``Shard(1)``) raises ``NotImplementedError`` naming it, and
   changes nothing;
 * Muon's step sends what the owner path says, counted by ``optimizer.comm_stats``.
@@ -53,6 +54,8 @@ CASES += [("ranger21-" + option, "Ranger21", {**ENTRY[Ranger21].required, option
           for option in ("use_madgrad", "use_adabelief")]
 #: the cases also run on 4 ranks (every rank owns some matrix; one holds no row of two layers)
 ON_FOUR = ("adamw", "muon", "shampoo", "ranger21", "adafactor")
+#: the cases also run on 4 ranks as HSDP (a 2 x 2 mesh: replicated over the first dimension)
+HSDP = ("adamw", "muon", "adafactor")
 #: cases also resumed through torch.distributed.checkpoint (NAdamW: it keeps 0-d state besides "step")
 DCP_CASES = ("nadamw",)
 
@@ -134,7 +137,7 @@ def _check_state_dict(label: str, model, optimizer) -> None:
                     f"{label}: state[{index}][{key!r}] placed {value.placements}, its parameter {p.placements}")
                 assert value.to_local().shape == p.to_local().shape, f"{label}: state[{index}][{key!r}] local shape"
             elif value.shape == p.shape and value.dim() > 0:
-                assert owner == p.device_mesh.get_local_rank(), (
+                assert owner == p.device_mesh.get_local_rank(p.device_mesh.ndim - 1), (
                     f"{label}: state[{index}][{key!r}] is a whole tensor on a rank that does not own {index}")
 
 
@@ -182,7 +185,7 @@ def _run_case(label: str, recipe: str, kwargs: dict, compiled: bool, rank: int, 
               dtype: torch.dtype = torch.float32) -> None:
     import gradwise
 
-    world = mesh.size()
+    world, rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)  # over the shard dimension
     torch.manual_seed(0)
     reference = _mlp().to(dtype)
     model = _shard(copy.deepcopy(reference), mesh)
@@ -310,6 +313,10 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
         except Exception as error:
             labelled(error, rank, label)
             raise
+    if world_size == 4:  # HSDP: 2 replicas of 2 shards, Replicate() on the first mesh dimension
+        hsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        for label, recipe, kwargs, compiled in [c for c in CASES if c[0] in HSDP]:
+            _run_case(f"{label}[hsdp]", recipe, kwargs, compiled, rank, hsdp, None)
     if world_size == 2:
         _run_skip_nonfinite(rank, mesh)
         _run_unsupported_placement(rank, mesh)

@@ -132,6 +132,8 @@ def fused_backward(optimizer: Any) -> FusedBackward:
         for index, p in enumerate(group["params"]):
             if isinstance(p, DTensor):
                 raise NotImplementedError(f"fused_backward({name}): parameter {index} of a group is a DTensor;"
-                                          " sharded (FSDP2) parameters get their gradients outside autograd's"
-                                          " accumulation, so the hooks would never run")
+                                          " FSDP2 reduce-scatters gradients into sharded parameters after"
+                                          " autograd's accumulation, so the hooks would never run. Build the"
+                                          " optimizer with fused_backward=False and call step() after"
+                                          " backward: it steps the shards exactly as unsharded")
     return FusedBackward(optimizer)
