@@ -19,6 +19,7 @@ process group built once per world size:
 * on 4 ranks, a subset also as HSDP (2 replicas of 2 shards);
 * a placement gradwise does not step (``Shard(1)``) raises ``NotImplementedError`` naming it, and
   changes nothing;
+* ``fused_backward`` (LOMO's default) is refused, naming ``fused_backward=False``, which steps shards;
 * Muon's step sends what the owner path says, counted by ``optimizer.comm_stats``.
 
 Failures inside a rank are re-raised here with that rank's traceback (``tests/distributed_harness.py``).
@@ -279,6 +280,15 @@ def _run_unsupported_placement(rank: int, mesh) -> None:
     assert not optimizer.state
 
 
+def _run_fused_backward_refusal(mesh) -> None:
+    """LOMO's default (updates inside backward) cannot see FSDP2's gradients: refused, naming the way out."""
+    import gradwise
+
+    model = _shard(_mlp(), mesh)
+    with pytest.raises(NotImplementedError, match=r"FSDP2 reduce-scatters .* fused_backward=False"):
+        gradwise.LOMO(model.parameters(), lr=0.01)
+
+
 def _run_traffic(rank: int, mesh) -> None:
     """One 5 x 3 matrix under Muon on 2 ranks: rank 0 holds rows 0-2 and owns it (the only matrix goes to
     the least loaded, lowest rank); rank 1 sends its 2 x 3 float32 rows of the momentum to it (24 bytes)
@@ -320,6 +330,7 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
     if world_size == 2:
         _run_skip_nonfinite(rank, mesh)
         _run_unsupported_placement(rank, mesh)
+        _run_fused_backward_refusal(mesh)
         _run_traffic(rank, mesh)
 
 
