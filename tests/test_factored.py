@@ -115,18 +115,21 @@ def one_rank_mesh():
 
 
 @pytest.mark.parametrize("recipe", [gradwise.Adafactor, gradwise.CAME, gradwise.AdamMini])
-def test_sharded_parameters_raise_and_change_nothing(recipe, one_rank_mesh):
-    """Under FSDP2 a parameter is a DTensor holding one shard of its rows: these recipes need whole
-    rows and columns, so the step raises instead of factoring a shard."""
+def test_a_one_rank_dtensor_steps_as_a_plain_tensor(recipe, one_rank_mesh):
+    """A DTensor on a one-rank mesh holds its whole tensor, so it steps exactly as the plain tensor
+    (sharded meshes: tests/test_fsdp2.py, where each parameter is factored whole on its owner)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    p = torch.nn.Parameter(distribute_tensor(torch.randn(4, 3), one_rank_mesh, [Shard(0)]))
-    p.grad = distribute_tensor(torch.randn(4, 3), one_rank_mesh, [Shard(0)])
-    before = p.detach().full_tensor().clone()
-    opt = recipe([p], lr=1e-3, compile=False)
-    with pytest.raises(NotImplementedError, match="needs whole tensors"):
-        opt.step()
-    assert torch.equal(p.detach().full_tensor(), before) and not opt.state[p]
+    torch.manual_seed(0)
+    plain = torch.nn.Parameter(torch.randn(4, 3))
+    p = torch.nn.Parameter(distribute_tensor(plain.detach().clone(), one_rank_mesh, [Shard(0)]))
+    optimizers = [recipe([q], lr=1e-3, compile=False) for q in (p, plain)]
+    for _ in range(3):
+        grad = torch.randn(4, 3)
+        p.grad, plain.grad = distribute_tensor(grad, one_rank_mesh, [Shard(0)]), grad.clone()
+        for opt in optimizers:
+            opt.step()
+    assert torch.equal(p.detach().full_tensor(), plain.detach())
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
