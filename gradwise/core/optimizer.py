@@ -21,6 +21,7 @@ from gradwise.core.options import bound_arguments, check_group_options, engine_o
 from gradwise.core.params import check_disjoint, check_new_group, local
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import check_rounding
+from gradwise.core.split_groups import split_groups
 from gradwise.core.state_check import (
     BOOKKEEPING_KEYS,
     check_step,
@@ -121,6 +122,13 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         self.storage.check(self.param_groups)
         self.register_state_dict_post_hook(save_counters)
         self.register_load_state_dict_pre_hook(load_counters)
+
+    @classmethod
+    def split_groups(cls, params: Iterable[Any], *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """The param groups ``cls(params, *args, **kwargs)`` keeps, already split (one per route, or
+        per kind of block) and tagged, for ``ZeroRedundancyOptimizer``, which needs every rank's optimizer
+        to keep the groups it was given (``core/split_groups.py``)."""
+        return split_groups(cls, params, *args, **kwargs)
 
     # ----------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
