@@ -5,8 +5,10 @@ One spawn runs every check, so torch is imported and the process group built onc
 * every recipe (the registry's ``ONE_PER_RECIPE``, each with the keywords it requires), eagerly, and
   AdamW also compiled and with ``state="int8"``, wrapped in ``ZeroRedundancyOptimizer``: the groups
   come from ``recipe.split_groups`` (Muon's routes, AdamMini's blocks, tagged so that no rank's optimizer
-  splits them again), every engine option is given to ZeRO, which copies it into each group, and each
-  rank steps the parameters ZeRO gives it. After ``STEPS`` steps on the mean of the ranks' gradients the
+  splits them again), the recipe's keywords, engine options included (``compile``, ``state``, Muon's
+  ``adamw_lr``), are given to ZeRO, which copies each into every group, and each rank steps the
+  parameters ZeRO gives it. After ``STEPS`` steps on the mean of the ranks' gradients
+  (the learning rates decayed by a scheduler on ZeRO's wrapper, and on the reference) the
   parameters equal, bit for bit, a single-process run of the same recipe on the same model fed the mean
   gradient; ``consolidate_state_dict`` on rank 0, ``state_dict``, ``torch.save`` and a ``load_state_dict``
   into a fresh ZeRO on every rank, and into a plain single-process optimizer, resume bit-identically;
@@ -134,11 +136,15 @@ def _run_zero_case(label: str, recipe: str, kwargs: dict, rank: int) -> None:
     owned = sum(len(g["params"]) for g in optimizer.optim.param_groups)
     assert 0 < owned < len(initial), f"{label}: rank {rank} steps {owned} of {len(initial)} parameters"
     reference_optimizer = factory(reference.named_parameters(), **kwargs)
+    # a scheduler on ZeRO's wrapper scales every group, each route's included, as on one optimizer
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.7) for o in (optimizer, reference_optimizer)]
     for step in range(STEPS):
         _all_reduced_gradient(model, step, rank)
         _mean_gradient(reference, step)
         _step(optimizer)
         _step(reference_optimizer)
+        for scheduler in schedulers:
+            scheduler.step()
     _assert_equal(label, f"parameters after {STEPS} steps under ZeRO", model, reference)
     _assert_moved(label, model, initial)
     if kwargs.get("compile") is True:
