@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pickle
 import re
 
 import pytest
@@ -91,6 +92,19 @@ def test_an_engine_option_changed_in_a_group_refuses_the_step_and_changes_nothin
     assert float(optimizer.state[params[0]]["step"]) == 1
     optimizer.param_groups[0]["compile"] = False  # the value it was built with: accepted
     _step(optimizer, params, 1)
+
+
+def test_a_state_policy_repeated_in_a_group_is_the_same_after_a_checkpoint():
+    """ZeRO's wrapper groups hold the policy it was given; loaded from a checkpoint, they hold a copy."""
+    policy = gradwise.state.StatePolicy("int8", min_numel=0)
+    params = _params()
+    optimizer = gradwise.AdamW([{"params": params, "state": pickle.loads(pickle.dumps(policy))}], state=policy,
+                               compile=False)
+    optimizer.param_groups[0]["state"] = pickle.loads(pickle.dumps(policy))
+    _step(optimizer, params, 1)
+    optimizer.param_groups[0]["state"] = gradwise.state.StatePolicy("bf16", min_numel=0)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has state=.*, but AdamW was built with state="):
+        _step(optimizer, params, 1)
 
 
 def test_a_checkpoint_whose_groups_hold_engine_options_loads_and_keeps_the_optimizers_own():

@@ -40,9 +40,15 @@ def engine_options(arguments: Mapping[str, Any] | None, hyper: Mapping[str, Any]
 
 
 def same(value: Any, built: Any) -> bool:
-    """Whether a group's ``value`` is the one the optimizer was built with (a bool is only a bool)."""
+    """Whether a group's ``value`` is the one the optimizer was built with (a bool is only a bool). An
+    object of a class with no equality of its own but a ``repr`` that states its settings (a
+    ``StatePolicy``) is the same when it prints the same: a checkpoint gives back a copy, not the
+    object the optimizer was built with."""
     if value is built:
         return True
+    kind = type(value)
+    if kind is type(built) and kind.__eq__ is object.__eq__:
+        return kind.__repr__ is not object.__repr__ and repr(value) == repr(built)
     try:
         return isinstance(value, bool) == isinstance(built, bool) and bool(value == built)
     except (TypeError, ValueError, RuntimeError):  # == cannot compare (tensors, arrays)
