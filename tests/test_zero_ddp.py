@@ -3,15 +3,16 @@
 One spawn runs every check, so torch is imported and the process group built once:
 
 * every recipe (the registry's ``ONE_PER_RECIPE``, each with the keywords it requires), eagerly, and
-  AdamW also compiled and with ``state="int8"``, wrapped in ``ZeroRedundancyOptimizer``: the groups
-  come from ``recipe.split_groups`` (Muon's routes, AdamMini's blocks, tagged so that no rank's optimizer
-  splits them again), the recipe's keywords, engine options included (``compile``, ``state``, Muon's
-  ``adamw_lr``), are given to ZeRO, which copies each into every group, and each rank steps the
-  parameters ZeRO gives it. After ``STEPS`` steps on the mean of the ranks' gradients
-  (the learning rates decayed by a scheduler on ZeRO's wrapper, and on the reference) the
-  parameters equal, bit for bit, a single-process run of the same recipe on the same model fed the mean
-  gradient; ``consolidate_state_dict`` on rank 0, ``state_dict``, ``torch.save`` and a ``load_state_dict``
-  into a fresh ZeRO on every rank, and into a plain single-process optimizer, resume bit-identically;
+  AdamW also compiled and with ``state="int8"``, wrapped in ``ZeroRedundancyOptimizer`` over
+  ``model.parameters()``, or over ``recipe.split_groups`` for the recipes that split a group (Muon's
+  routes, AdamMini's blocks: tagged so that no rank's optimizer splits them again). The recipe's
+  keywords, engine options included (``compile``, ``state``, Muon's ``adamw_lr``), are given to ZeRO,
+  which copies each into every group; each rank steps the parameters ZeRO gives it. After ``STEPS``
+  steps on the mean of the ranks' gradients (the learning rates decayed by a scheduler on ZeRO's
+  wrapper, and on the reference) the parameters equal, bit for bit, a single-process run of the same
+  recipe on the same model fed the mean gradient; ``consolidate_state_dict`` on rank 0, ``state_dict``,
+  ``torch.save`` and a ``load_state_dict`` into a fresh ZeRO on every rank, and into a plain
+  single-process optimizer, resume bit-identically;
 * DDP (``gradient_as_bucket_view=True``: the gradients are views into DDP's buckets) with AdamW,
   AdamW int8, Muon, Shampoo, SOAP and Ranger21, each rank on its half of the batch: the replicas stay
   bit-identical and equal, bit for bit, a single process fed the mean gradient (DDP's mean of two
@@ -118,10 +119,13 @@ def _step(optimizer) -> None:
 
 
 def _zero(factory, model, kwargs):
+    """ZeRO as a user builds it: over ``model.parameters()``, or, for a recipe that splits a group
+    (Muon, AdamMini), over its ``split_groups``."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    return ZeroRedundancyOptimizer(factory.split_groups(model.named_parameters(), **kwargs), optimizer_class=factory,
-                                   **kwargs)
+    groups = factory.split_groups(model.named_parameters(), **kwargs)
+    params = groups if len(groups) > 1 else model.parameters()
+    return ZeroRedundancyOptimizer(params, optimizer_class=factory, **kwargs)
 
 
 def _run_zero_case(label: str, recipe: str, kwargs: dict, rank: int) -> None:
