@@ -17,9 +17,11 @@ from torch import Tensor
 
 from gradwise.core.executor import CompiledStep
 from gradwise.core.hyper import Hyper, boolean, likely_misspelling
+from gradwise.core.options import bound_arguments, check_group_options, engine_options, without_options
 from gradwise.core.params import check_disjoint, check_new_group, local
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import check_rounding
+from gradwise.core.split_groups import split_groups
 from gradwise.core.state_check import (
     BOOKKEEPING_KEYS,
     check_step,
@@ -68,7 +70,11 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
             if unknown:
                 raise TypeError(f"{cls.__name__}() got unknown keyword argument(s) {', '.join(unknown)};"
                                 f" allowed: {allowed}")
-        return super().__new__(cls)
+        instance = super().__new__(cls)
+        arguments = bound_arguments(cls, args, kwargs)  # None when unpickled or copied (no arguments)
+        if arguments is not None:
+            instance._constructor_arguments = arguments  # sorted into engine_options by __init__
+        return instance
 
     def __init__(
         self,
@@ -92,6 +98,8 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         self.transform = transform
         self.hyper_specs: dict[str, Hyper] = {**transform.hyper, "maximize": Hyper(False, boolean, static=True),
                                               "param_rounding": Hyper("nearest", check_rounding, static=True)}
+        #: constructor keywords that are not hyperparameters, as given (``core/options.py``)
+        self.engine_options = engine_options(self.__dict__.pop("_constructor_arguments", None), self.hyper_specs)
         unknown = sorted(set(hyperparameters) - set(self.hyper_specs))
         if unknown:
             raise TypeError(
@@ -114,6 +122,13 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         self.storage.check(self.param_groups)
         self.register_state_dict_post_hook(save_counters)
         self.register_load_state_dict_pre_hook(load_counters)
+
+    @classmethod
+    def split_groups(cls, params: Iterable[Any], *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """The param groups ``cls(params, *args, **kwargs)`` keeps, already split (one per route, or
+        per kind of block) and tagged, for ``ZeroRedundancyOptimizer``, which needs every rank's optimizer
+        to keep the groups it was given (``core/split_groups.py``)."""
+        return split_groups(cls, params, *args, **kwargs)
 
     # ----------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -138,6 +153,10 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         index = len(getattr(self, "param_groups", []))
         check_new_group(param_group, index)
+        # an engine option repeated in a group (ZeroRedundancyOptimizer copies every keyword into its
+        # groups) is accepted at the value the optimizer was built with, and kept out of the group
+        check_group_options(self, param_group, index)
+        param_group = without_options(self, param_group)
         # keys of the user's own (layer_id, timm's lr_scale) stay in the group, as torch keeps them;
         # one that looks like a misspelt hyperparameter gets a warning
         for key in param_group:
@@ -167,6 +186,11 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         first (``state_check.checked_load``): a refused load leaves state and param groups as they were."""
         if is_torch_format(state_dict):
             state_dict = from_torch(self, state_dict)
+        if isinstance(state_dict, dict) and isinstance(state_dict.get("param_groups"), list):
+            # a ZeroRedundancyOptimizer checkpoint saves its wrapper's groups, engine options and all;
+            # this optimizer keeps its own
+            state_dict = {**state_dict, "param_groups": [without_options(self, g) if isinstance(g, dict) else g
+                                                         for g in state_dict["param_groups"]]}
         state_dict = checked_load(self, state_dict)
         super().load_state_dict(state_dict)
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
@@ -179,7 +203,10 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         """Before anything changes, for every group (``state_check.check_step``): hyperparameters,
         gradients (dense, shaped, typed and placed as their parameter), whether the chain accepts
         each parameter (``init`` on the meta device may refuse one, as GaLore refuses a rank above
-        min(m, n)) and the shapes of the state it has."""
+        min(m, n)) and the shapes of the state it has; and any engine option a wrapper put back into a
+        group (``core/options.py``)."""
+        for index, group in enumerate(self.param_groups):
+            check_group_options(self, group, index)
         check_step(self)
 
     # ----------------------------------------------------------------- train and eval points
