@@ -74,9 +74,8 @@ def sharded_model(mesh):
         parts.setdefault(name.split(".")[1] if name.startswith("h.") else "outer", []).append((name, shape))
     model = torch.nn.ModuleDict({key: Block(shapes, generator) for key, shapes in parts.items()})
     if mesh is not None:
-        for block in model.values():
+        for block in model.values():  # (no root to shard: every parameter is in a block)
             fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
     for p in model.parameters():
         if isinstance(p, DTensor):
             local = torch.randn(p.to_local().shape, generator=generator) * 1e-3
@@ -111,13 +110,13 @@ def _rank(rank: int, world: int, port: int, rows: list[str], steps: int, directo
         from torch.distributed.device_mesh import init_device_mesh
 
         model = sharded_model(init_device_mesh("cpu", (world,)))
-        reference = torch.optim.AdamW(model.parameters(), **RECIPES["AdamW"][1])
+        reference = torch.optim.AdamW(model.named_parameters(), **RECIPES["AdamW"][1])
         for _ in range(WARMUP):
             reference.step()
         results = {}
         for row in rows:
             name, hyper = ROWS[row]
-            opt = getattr(gradwise, name)(model.parameters(), compile=False, **hyper)
+            opt = getattr(gradwise, name)(model.named_parameters(), compile=False, **hyper)  # names: Muon's route
             try:
                 for _ in range(WARMUP):
                     opt.step()
@@ -169,12 +168,11 @@ def run_world(world: int, rows: list[str], steps: int) -> list[dict]:
 
 
 def predicted(row: str, world: int):
-    """``gradwise.estimate_sharded`` of the row on the benchmark's parameter set."""
+    """``gradwise.estimate_sharded`` of the row on the benchmark's (unsharded) model."""
     import gradwise
 
     name, hyper = ROWS[row]
-    params = [(n, torch.empty(s, device="meta")) for n, s in gpt2_shapes(*SHAPE)]
-    return gradwise.estimate_sharded(params, name, world_size=world, **hyper)
+    return gradwise.estimate_sharded(sharded_model(None), name, world_size=world, **hyper)
 
 
 def render(results: dict[int, list[dict]], rows: list[str]) -> str:
