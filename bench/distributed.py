@@ -12,9 +12,10 @@ torch's, round after round, the order alternating, so a noisy machine slows both
 each timed step starts every rank together (a step with collectives waits for the slowest rank).
 
 Per row and rank: the median step time over torch's median in the same rounds (the table shows the
-largest ratio over ranks), the bytes ``optimizer.comm_stats`` counted per timed step, and the bytes of
-every tensor in ``optimizer.state`` (a DTensor by its local shard; the state is at its peak from the
-first step on: it never shrinks), each beside ``gradwise.estimate_sharded``'s prediction.
+largest ratio over ranks, and the largest of each median), the bytes ``optimizer.comm_stats`` counted
+per timed step, and the bytes of every tensor in ``optimizer.state`` (a DTensor by its local shard; the
+state is at its peak from the first step on: it never shrinks), each beside
+``gradwise.estimate_sharded``'s prediction.
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def _rank(rank: int, world: int, port: int, rows: list[str], steps: int, directo
         reference = torch.optim.AdamW(model.named_parameters(), **RECIPES["AdamW"][1])
         for _ in range(WARMUP):
             reference.step()
-        results = {}
+        results, pooled = {}, []  # pooled: torch's times over every row's rounds
         for row in rows:
             name, hyper = ROWS[row]
             opt = getattr(gradwise, name)(model.named_parameters(), compile=False, **hyper)  # names: Muon's route
@@ -129,10 +130,12 @@ def _rank(rank: int, world: int, port: int, rows: list[str], steps: int, directo
                 order = [(times, opt), (torch_times, reference)]
                 for out, o in order if r % 2 == 0 else order[::-1]:
                     out.append(_timed(o, dist.barrier))
+            pooled += torch_times
             results[row] = {"ms": statistics.median(times), "torch_ms": statistics.median(torch_times),
                             "sent": (opt.comm_stats["bytes_sent"] - sent) // steps, "state": _state_bytes(opt)}
             del opt
-        results["torch AdamW"] = {"ms": statistics.median(torch_times), "torch_ms": statistics.median(torch_times),
+        torch_ms = statistics.median(pooled or [_timed(reference, dist.barrier)])  # (every row refused: one step)
+        results["torch AdamW"] = {"ms": torch_ms, "torch_ms": torch_ms,
                                   "sent": 0, "state": _state_bytes(reference)}
         Path(directory, f"{rank}.json").write_text(json.dumps(results))
     finally:
@@ -176,7 +179,8 @@ def predicted(row: str, world: int):
 
 
 def render(results: dict[int, list[dict]], rows: list[str]) -> str:
-    lines = [f"{'row':<12}{'ranks':>6}{'x torch AdamW':>15}{'ms':>9}{'sent B/step':>14}{'(estimate)':>14}"
+    lines = [f"{'row':<12}{'ranks':>6}{'x torch AdamW':>15}{'ms':>9}{'torch ms':>10}{'sent B/step':>14}"
+             f"{'(estimate)':>14}"
              f"{'state B/rank':>14}{'(estimate)':>14}"]
     for world, ranks in results.items():
         for row in [*rows, "torch AdamW"]:
@@ -185,11 +189,11 @@ def render(results: dict[int, list[dict]], rows: list[str]) -> str:
                 lines.append(f"{row:<12}{world:>6}  refused: {mine[0]['refused']}")
                 continue
             ratio = max(r["ms"] / r["torch_ms"] for r in mine)
-            ms = max(r["ms"] for r in mine)
+            ms, torch_ms = max(r["ms"] for r in mine), max(r["torch_ms"] for r in mine)
             sent, state = max(r["sent"] for r in mine), max(r["state"] for r in mine)
             guess = predicted(row, world) if row in ROWS else None  # torch's own AdamW: nothing to predict
             sent_guess, state_guess = (f"{max(guess.sent):,}", f"{max(guess.state):,}") if guess else ("-", "-")
-            lines.append(f"{row:<12}{world:>6}{ratio:>15.2f}{ms:>9.1f}{sent:>14,}{sent_guess:>14}{state:>14,}"
+            lines.append(f"{row:<12}{world:>6}{ratio:>15.2f}{ms:>9.1f}{torch_ms:>10.1f}{sent:>14,}{sent_guess:>14}{state:>14,}"
                          f"{state_guess:>14}")
     return "\n".join(lines)
 
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
-    if bad:
+    if bad or not rows:
         parser.error(f"argument --rows: {bad} not among {list(ROWS)}")
     results = {int(w): run_world(int(w), rows, args.steps) for w in args.worlds.split(",")}
     print(f"GPT-2-shaped {SHAPE} parameter set, eager, gloo on CPU, 1 thread per rank; max over ranks")
