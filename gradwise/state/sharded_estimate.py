@@ -18,6 +18,8 @@ phase's input, and of the parameter when the phase reads it) and a scatter all-t
 sends each rank its rows of the result), in float32 (float64 for float64 parameters), nothing for what
 a rank keeps; for each round of phases that reduces statistics, one all-reduce of 8 bytes per
 statistic for each op (sum, max, any, skip). FSDP2's own all-gathers and reduce-scatters are not counted.
+The step is taken with every parameter at the same step count and, where chains have guards, with every
+group's guard in the same round (else the engine adds buckets, or shifts rounds, that this does not see).
 """
 from __future__ import annotations
 
@@ -165,10 +167,8 @@ def _owned_phase(phase: Phase, members: list[Tensor], owners: dict[int, int], se
     wire = 8 if members[0].dtype == torch.float64 else 4
     width = 2 if phase.reads_params else 1
     for p in members:
-        layout = Sharding(None, len(sent), 0, tuple(p.shape))
         owner = owners[id(p)]
-        rows = [(stop - start) * layout.row_numel for start, stop in map(layout.rows, range(len(sent)))]
-        for rank, count in enumerate(rows):
+        for rank, count in enumerate(Sharding(None, len(sent), 0, tuple(p.shape)).counts()):
             if rank != owner:
                 sent[rank] += width * count * wire  # gather: its rows to the owner
                 sent[owner] += count * wire  # scatter: the owner sends them back
