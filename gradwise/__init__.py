@@ -34,6 +34,7 @@ _EXPORTS = {
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
+    "gradwise.state.sharded_estimate": ("estimate_sharded",),
     "gradwise.transforms": ("add_decayed_weights", "lookahead", "orthogonalize_by_newton_schulz", "route",
                             "scale_by_adam", "scale_by_learning_rate", "scale_by_lion", "scale_by_madgrad",
                             "scale_by_nadam", "scale_by_rms", "scale_by_schedule_free", "scale_by_shampoo",
@@ -54,6 +55,7 @@ __all__ = [
     "scale_by_shampoo", "scale_by_shape", "scale_by_soap", "schedule_free", "skip_nonfinite", "trace", "trace_ema",
 ]
 __all__ += ["create", "optimizer_class", "optimizer_names"]
+__all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 

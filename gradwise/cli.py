@@ -3,7 +3,8 @@
     gradwise list                      every recipe: chain, state buffers, the hyperparameters it was built with
     gradwise bench step [--size ...]   optimizer step benchmark: a clone's bench/step.py (``--help`` lists its options)
     gradwise arena run|score|report|set-targets|list   the AlgoPerf-style arena (``gradwise arena --help``)
-    gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation
+    gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation;
+                                       with --world-size or --mesh, per rank under FSDP2, and bytes sent per step
 
 torch, rich and the benchmark are imported only by the subcommand that runs; a subcommand whose optional
 dependencies are missing names the extra to install (``gradwise.extras``).
@@ -14,7 +15,7 @@ import argparse
 import sys
 
 from gradwise.help_format import HelpFormatter
-from gradwise.shapes import SIZES
+from gradwise.shapes import ESTIMATE_SIZES
 
 #: the parameter dtypes ``gradwise estimate --param-dtype`` takes.
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -32,6 +33,29 @@ def _state_format(text: str) -> str:
     return text
 
 
+def _mesh(text: str) -> tuple[int, int]:
+    """``--mesh R,S``: R replicas of S shards (HSDP), two positive ints."""
+    try:
+        replicas, shards = (int(n) for n in text.split(","))
+    except ValueError:
+        replicas = shards = 0
+    if replicas < 1 or shards < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected R,S (replicas,shards), two positive"
+                                         " ints, e.g. 8,8")
+    return replicas, shards
+
+
+def _world_size(text: str) -> int:
+    """``--world-size N``: a positive int."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a positive int")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     from gradwise import __version__, cli_bench  # argument definitions only: no torch at import time
     from gradwise.arena import cli as arena_cli  # argument definitions only
@@ -46,9 +70,11 @@ def _parser() -> argparse.ArgumentParser:
                         formatter_class=HelpFormatter)
     estimate = commands.add_parser("estimate", help="optimizer state bytes on a GPT-2-shaped parameter set, before"
                                    " allocation", description="Bytes of optimizer state per format (codec or dtype),"
-                                   " per parameter group and in total, computed on meta tensors.",
+                                   " per parameter group and in total, computed on meta tensors; with --world-size"
+                                   " or --mesh, each rank's state under FSDP2 (fully_shard) and the bytes it sends"
+                                   " per step (max and mean over ranks).",
                                    formatter_class=HelpFormatter)
-    estimate.add_argument("--size", choices=tuple(SIZES), default="124m", help="GPT-2 parameter set")
+    estimate.add_argument("--size", choices=tuple(ESTIMATE_SIZES), default="124m", help="GPT-2 parameter set")
     estimate.add_argument("--recipe", default="AdamW", help="a gradwise recipe name, any case (gradwise list)")
     estimate.add_argument("--state", default="fp32", type=_state_format,
                           help="state format: fp32, bf16, int8, int4, or a tag such as int8-b256")
@@ -57,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                                " --state says otherwise")
     estimate.add_argument("--fp32", metavar="REGEX", help="keep parameters whose name matches REGEX in float32"
                           " (e.g. 'wte|wpe')")
+    ranks = estimate.add_mutually_exclusive_group()
+    ranks.add_argument("--world-size", type=_world_size, metavar="N",
+                       help="per rank, with the parameters sharded over N ranks (FSDP2)")
+    ranks.add_argument("--mesh", type=_mesh, metavar="R,S", help="per rank, on an HSDP mesh: R replicas of S shards")
     bench = commands.add_parser("bench", help="benchmarks", formatter_class=HelpFormatter)
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="{step}", help="the benchmark")
     cli_bench.add_step_arguments(benchmarks.add_parser(
@@ -145,19 +175,28 @@ def _estimate(args) -> int:
     from gradwise.shapes import gpt2_shapes
 
     dtype = getattr(torch, PARAM_DTYPES[args.param_dtype])
-    params = [(name, torch.empty(shape, device="meta", dtype=dtype)) for name, shape in gpt2_shapes(*SIZES[args.size])]
+    shapes = gpt2_shapes(*ESTIMATE_SIZES[args.size])
+    params = [(name, torch.empty(shape, device="meta", dtype=dtype)) for name, shape in shapes]
+    sharded = args.world_size is not None or args.mesh is not None
     try:
         recipe = canonical_name(args.recipe, recipe_names(), argument="--recipe")
         policy = gradwise.StatePolicy(args.state, rules={args.fp32: "fp32"} if args.fp32 else {})
         # recipes without state= (Adafactor, CAME, AdamMini) are estimated in float32 when no format is asked for
         plain = args.state == "fp32" and not args.fp32
-        result = gradwise.estimate(params, recipe, **({} if plain else {"state": policy}))
+        kwargs = {} if plain else {"state": policy}
+        result = gradwise.estimate(params, recipe, **kwargs)
+        ranks = gradwise.estimate_sharded(params, recipe, world_size=args.world_size, mesh=args.mesh,
+                                          **kwargs) if sharded else None
     except (ValueError, TypeError) as error:
         print(f"gradwise estimate: {error}", file=sys.stderr)
         return 2
     print(f"{recipe} optimizer state on the {args.size} GPT-2 parameter set ({PARAM_DTYPES[args.param_dtype]}"
           f" parameters), {policy}:")
-    print(result.table())
+    if ranks is None:
+        print(result.table())
+    else:
+        print(f"unsharded: {result.total:,} bytes ({result.bytes_per_param:.4f} per parameter element)")
+        print(ranks.table())
     if args.param_dtype != "fp32" and args.state == "fp32":
         print(f"note: {PARAM_DTYPES[args.param_dtype]} parameters keep float32 state by default (for accuracy):"
               f" {result.bytes_per_param:.2f} bytes per parameter, {result.bytes_per_param / dtype.itemsize:.1f}x the"

@@ -7,6 +7,9 @@ SIZES = {
     "25m": (50257, 1024, 384, 6),
     "124m": (50257, 1024, 768, 12),
 }
+#: the sets ``gradwise estimate`` takes, on meta tensors: SIZES and a GPT-2 as wide and deep as a 7B model
+#: (LLaMA-7B's 4096 x 32 blocks, 2048 positions; its real count, 6.7B, is printed), too large to benchmark
+ESTIMATE_SIZES = {**SIZES, "7b": (50257, 2048, 4096, 32)}
 
 
 def gpt2_shapes(vocab: int, context: int, width: int, blocks: int) -> list[tuple[str, tuple[int, ...]]]:

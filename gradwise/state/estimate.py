@@ -69,17 +69,24 @@ def estimate(model: torch.nn.Module | Iterable[Any], optimizer_or_recipe: Any, *
             default (CAME, Ranger21) gets ``lr=1.0`` unless one is given: the learning rate changes
             no buffer's size.
     """
+    return _estimate(meta_optimizer(model, optimizer_or_recipe, "estimate", **recipe_kwargs))
+
+
+def meta_optimizer(model: Any, optimizer_or_recipe: Any, caller: str, **recipe_kwargs: Any) -> Any:
+    """The optimizer an estimate reads: ``optimizer_or_recipe`` itself when it is one (then no
+    ``recipe_kwargs`` may be given: ``caller`` names the function in that error), else the recipe
+    built on meta tensors shaped like ``model``'s parameters (``estimate``'s arguments)."""
     from gradwise.core.optimizer import Optimizer
 
     if isinstance(optimizer_or_recipe, Optimizer):
         if recipe_kwargs:
-            raise TypeError(f"estimate() got recipe keywords {sorted(recipe_kwargs)} with an optimizer instance;"
+            raise TypeError(f"{caller}() got recipe keywords {sorted(recipe_kwargs)} with an optimizer instance;"
                             " pass a recipe (e.g. gradwise.AdamW) to configure one")
-        return _estimate(optimizer_or_recipe)
+        return optimizer_or_recipe
     recipe = _recipe(optimizer_or_recipe)
     if "lr" not in recipe_kwargs and _needs_lr(recipe):
         recipe_kwargs = {**recipe_kwargs, "lr": 1.0}
-    return _estimate(recipe(_meta_params(model), **recipe_kwargs))
+    return recipe(_meta_params(model), **recipe_kwargs)
 
 
 def _recipe(spec: Any) -> Callable[..., Any]:
@@ -139,10 +146,7 @@ def _estimate(optimizer: Any) -> StateEstimate:
             shape_param = torch.empty(p.shape, dtype=p.dtype, device="meta")
             codec = engine.codec_for(p, name)
             for buffer, value in transform.init(shape_param, group).items():
-                if codec is not None and engine.encodable(buffer, value, p):
-                    fmt, nbytes = codec.tag, codec.nbytes(value.shape, buffer not in engine.nonnegative)
-                else:
-                    fmt, nbytes = _dtype_label(value.dtype), value.numel() * value.element_size()
+                fmt, nbytes = stored_bytes(engine, codec, buffer, value, p)
                 counts[(index, fmt)][0] += 1
                 counts[(index, fmt)][1] += nbytes
             counts[(index, "step counters")][0] += 1
@@ -150,6 +154,17 @@ def _estimate(optimizer: Any) -> StateEstimate:
     rows = [{"group": g, "format": f, "buffers": n, "bytes": b}
             for (g, f), (n, b) in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] == "step counters"))]
     return StateEstimate(rows, params)
+
+
+def stored_bytes(engine: EncodedState, codec: Any, buffer: str, value: Tensor, p: Tensor,
+                 rows: int | None = None) -> tuple[str, int]:
+    """(format, bytes) of state ``buffer`` (fresh ``value``, of parameter ``p``, whose policy chose
+    ``codec``) as the optimizer stores it; ``rows``: of only that many leading rows of it (a rank's
+    shard of a buffer shaped like a sharded parameter)."""
+    shape = value.shape if rows is None else torch.Size((rows, *value.shape[1:]))
+    if codec is not None and engine.encodable(buffer, value, p):
+        return codec.tag, codec.nbytes(shape, buffer not in engine.nonnegative)
+    return _dtype_label(value.dtype), shape.numel() * value.element_size()
 
 
 def _dtype_label(dtype: torch.dtype) -> str:
