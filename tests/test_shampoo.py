@@ -150,8 +150,8 @@ def test_bad_saved_counters_are_refused_and_change_nothing(counters, error, text
     optimizer = _failing(gradwise.Shampoo, "shampoo")
     saved = optimizer.state_dict()
     before, state = (*_counts(optimizer), optimizer.skipped_steps), copy.deepcopy(optimizer.state_dict())
-    bad = {**saved, "param_groups": [{**group, "gradwise": {**group["gradwise"], "skipped_steps": 7, "counters": counters}}
-                                     for group in saved["param_groups"]]}
+    bad_counters = {**saved["param_groups"][0]["gradwise"], "skipped_steps": 7, "counters": counters}
+    bad = {**saved, "param_groups": [{**group, "gradwise": bad_counters} for group in saved["param_groups"]]}
     with pytest.raises(error) as info:
         optimizer.load_state_dict(bad)
     assert text in str(info.value)

@@ -136,7 +136,8 @@ def to_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         if group.get("param_rounding", "nearest") != "nearest":
             raise ValueError(f"{type(optimizer).__name__} with param_rounding={group['param_rounding']!r} has no"
                              f" torch.optim counterpart: {fmt.optimizer} rounds to nearest")
-        groups.append({**fmt.group, **{k: v for k, v in saved.items() if k not in ("route", "param_rounding", OPTIMIZER_KEY)}})
+        gradwise_only = ("route", "param_rounding", OPTIMIZER_KEY)
+        groups.append({**fmt.group, **{k: v for k, v in saved.items() if k not in gradwise_only}})
     params = [p for g in optimizer.param_groups for p in g["params"]]
     owners = dict(zip(saved_ids(state_dict), params))
     states = {}
