@@ -323,3 +323,22 @@ def test_dcp_resumes_bit_identically_at_every_world_size(case, verified):
     missing = [f"{resume} (rank {rank})" for resume, ranks in RESUMES.items() for rank in range(ranks)
                if f"{case.name} {resume} rank {rank}" not in verified]
     assert not missing, f"{case.name}: no process verified the resume(s) {missing}"
+
+
+def test_a_flattened_dcp_state_dict_that_drops_the_mode_loads_with_a_warning():
+    """``flatten_optimizer_state_dict=True`` keeps of each group only the keys of the live groups, so a
+    Schedule-Free optimizer saved in eval mode comes back without its mode: say so, not resume silently."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    case = next(c for c in ONE_PER_RECIPE if c.name == "schedule-free-adamw")
+    model, optimizer = _trained(case)
+    optimizer.eval()
+    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=flat))
+    twin, loaded = _trained(case, steps=0)
+    with pytest.warns(UserWarning, match="does not say which mode it was saved in"):
+        set_optimizer_state_dict(twin, loaded, saved, options=flat)

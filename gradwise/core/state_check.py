@@ -9,6 +9,7 @@ cast to the chain's dtypes, a plain-number ``step`` made a tensor (torch.optim a
 from __future__ import annotations
 
 import math
+import warnings
 from itertools import chain as chain_iterables
 from typing import Any, Mapping
 
@@ -18,7 +19,7 @@ from torch import Tensor
 from gradwise.core.hyper import choice, non_negative_int
 from gradwise.core.params import DTensor, local, param_label
 from gradwise.core.state_keys import MARK, layout, parts_of
-from gradwise.core.transform import counters_of
+from gradwise.core.transform import counters_of, uses
 
 #: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
 TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -260,9 +261,9 @@ def save_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     return state_dict
 
 
-def saved_counters(state_dict: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+def saved_counters(state_dict: Mapping[str, Any]) -> tuple[str, Any]:
     """Where ``state_dict`` keeps the optimizer's counters and mode, and what it keeps there: every group's
-    copy (refused unless they agree), else the top-level key of an older checkpoint, else nothing."""
+    copy (refused unless they agree), else the top-level key of an older checkpoint, else None."""
     copies = [(f"state_dict['param_groups'][{index}][{OPTIMIZER_KEY!r}]", group[OPTIMIZER_KEY])
               for index, group in enumerate(state_dict["param_groups"]) if OPTIMIZER_KEY in group]
     for where, saved in copies[1:]:
@@ -272,7 +273,7 @@ def saved_counters(state_dict: Mapping[str, Any]) -> tuple[str, Mapping[str, Any
                              " saves them")
     if copies:
         return copies[0]
-    return f"state_dict[{OPTIMIZER_KEY!r}]", state_dict.get(OPTIMIZER_KEY, {})
+    return f"state_dict[{OPTIMIZER_KEY!r}]", state_dict.get(OPTIMIZER_KEY)
 
 
 def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -280,6 +281,13 @@ def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     before any is set; a checkpoint from before a counter was saved sets it to 0. Returns the state dict
     for torch's loader, its groups without their copies (param groups hold hyperparameters only)."""
     where, saved = saved_counters(state_dict)
+    if saved is None and state_dict["state"] and uses(optimizer.transform, "set_mode"):
+        warnings.warn(f"{type(optimizer).__name__}.load_state_dict: the state dict does not say which mode it was"
+                      f" saved in (its param groups have no {OPTIMIZER_KEY!r} entry, where state_dict() keeps it;"
+                      " torch.distributed.checkpoint with flatten_optimizer_state_dict=True leaves it out), so it"
+                      " loads in train mode: had it been saved in eval mode, its parameters would hold the"
+                      " evaluation point, and the run would go on from the wrong one", stacklevel=4)
+    saved = {} if saved is None else saved
     if not isinstance(saved, Mapping):
         raise TypeError(f"invalid {where}={saved!r}: expected a dict, as optimizer.state_dict() saves it")
     skipped = non_negative_int(f"{where}['skipped_steps']", saved.get("skipped_steps", 0))
