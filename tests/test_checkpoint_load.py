@@ -1,6 +1,7 @@
 """What load_state_dict accepts and what a failed step leaves (tests/test_fault_sweep.py has the
-refusals): torch's plain-number ``step``, a round trip that adds nothing to the groups, encoded
-state checked part by part, and a step refused before its first write, whichever group fails."""
+refusals): torch's plain-number ``step``, a round trip that adds nothing to the groups, the mode and
+counters of older checkpoints (at their top level) and of groups that disagree on them, encoded state
+checked part by part, and a step refused before its first write, whichever group fails."""
 from __future__ import annotations
 
 import copy
@@ -143,3 +144,37 @@ def test_keys_of_the_users_own_in_a_group_save_and_load_as_they_were():
     optimizer.load_state_dict(saved)
     assert [g["layer_id"] for g in optimizer.param_groups] == [0, 7]
     assert optimizer.param_groups[0]["lr_scale"] == 0.5
+
+
+def _two_groups_stepped():
+    w, b = torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(3))
+    optimizer = gradwise.AdamW([{"params": [w]}, {"params": [b], "weight_decay": 0.0}], lr=0.1, compile=False)
+    w.grad, b.grad = torch.randn(3, 2), torch.randn(3)
+    optimizer.step()
+    return optimizer
+
+
+def test_a_checkpoint_that_keeps_mode_and_counters_at_its_top_level_still_loads():
+    """Before they were kept in every param group (where torch.distributed.checkpoint keeps them), a
+    checkpoint kept them under a top-level "gradwise" key; the groups never hold them once loaded."""
+    saved = copy.deepcopy(_two_groups_stepped().state_dict())
+    older = {**saved, "param_groups": [{k: v for k, v in g.items() if k != "gradwise"} for g in saved["param_groups"]],
+             "gradwise": {"skipped_steps": 3, "mode": "eval"}}
+    optimizer = _two_groups_stepped()
+    optimizer.load_state_dict(older)
+    assert (optimizer.mode, optimizer.skipped_steps) == ("eval", 3)
+    assert not any("gradwise" in g for g in optimizer.param_groups)
+    assert [g["gradwise"] for g in optimizer.state_dict()["param_groups"]] == [{"skipped_steps": 3, "mode": "eval"}] * 2
+
+
+def test_param_groups_that_keep_different_counters_are_refused_and_change_nothing():
+    optimizer = _two_groups_stepped()
+    saved = copy.deepcopy(optimizer.state_dict())
+    saved["param_groups"][1]["gradwise"]["skipped_steps"] = 5
+    before = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(ValueError, match=r"\['param_groups'\]\[1\]\['gradwise'\]=.*'skipped_steps': 5.* differs from"
+                                         r" state_dict\['param_groups'\]\[0\]\['gradwise'\]"):
+        optimizer.load_state_dict(saved)
+    after = optimizer.state_dict()
+    assert (optimizer.mode, optimizer.skipped_steps) == ("train", 0) and after["param_groups"] == before["param_groups"]
+    assert all(torch.equal(after["state"][i][k], v) for i, state in before["state"].items() for k, v in state.items())

@@ -139,7 +139,7 @@ def test_a_copy_steps_exactly_as_the_original(case, how):
     steps(twin, twin_params, 3, first=2)
     assert all(torch.equal(p, q) for p, q in zip(params, twin_params))
     assert (twin.mode, twin.skipped_steps, twin.compile) == (original.mode, original.skipped_steps, original.compile)
-    assert twin.state_dict()["gradwise"] == original.state_dict()["gradwise"]  # its own hooks came along
+    assert twin.state_dict()["param_groups"] == original.state_dict()["param_groups"]  # its own hooks came along
 
 
 # ----------------------------------------------------------------------------- param-group keys

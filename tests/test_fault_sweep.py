@@ -150,7 +150,8 @@ def _params_not_a_list(optimizer, b, saved):
 
 def _counter(key, value):
     def edit(optimizer, b, saved):
-        saved["gradwise"][key] = value
+        for group in saved["param_groups"]:
+            group["gradwise"][key] = value
         return repr(value)
     return edit
 

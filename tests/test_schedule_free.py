@@ -149,7 +149,7 @@ def test_train_and_eval_only_record_the_mode_for_other_chains():
 def test_bad_mode_in_a_state_dict_is_refused():
     optimizer = gradwise.ScheduleFreeSGD([torch.nn.Parameter(torch.ones(3))], compile=False)
     state = optimizer.state_dict()
-    state["gradwise"]["mode"] = "inference"
+    state["param_groups"][0]["gradwise"]["mode"] = "inference"
     with pytest.raises(ValueError, match="mode.*'inference'"):
         optimizer.load_state_dict(state)
 

@@ -133,7 +133,10 @@ def test_failure_counters_are_saved_in_state_dict(recipe, prefix):
     assert _counts(fresh) == _counts(optimizer)
     for twin in (copy.deepcopy(optimizer), pickle.loads(pickle.dumps(optimizer))):
         assert _counts(twin) == _counts(optimizer)
-    fresh.load_state_dict({**saved, "gradwise": {k: v for k, v in saved["gradwise"].items() if k != "counters"}})
+    # as such a checkpoint saved them: under a top-level key, with no counters
+    groups = [{k: v for k, v in group.items() if k != "gradwise"} for group in saved["param_groups"]]
+    older = {k: v for k, v in saved["param_groups"][0]["gradwise"].items() if k != "counters"}
+    fresh.load_state_dict({**saved, "param_groups": groups, "gradwise": older})
     assert _counts(fresh) == (0, 0)
 
 
@@ -147,12 +150,13 @@ def test_bad_saved_counters_are_refused_and_change_nothing(counters, error, text
     optimizer = _failing(gradwise.Shampoo, "shampoo")
     saved = optimizer.state_dict()
     before, state = (*_counts(optimizer), optimizer.skipped_steps), copy.deepcopy(optimizer.state_dict())
-    bad = {**saved, "gradwise": {**saved["gradwise"], "skipped_steps": 7, "counters": counters}}
+    bad_counters = {**saved["param_groups"][0]["gradwise"], "skipped_steps": 7, "counters": counters}
+    bad = {**saved, "param_groups": [{**group, "gradwise": bad_counters} for group in saved["param_groups"]]}
     with pytest.raises(error) as info:
         optimizer.load_state_dict(bad)
     assert text in str(info.value)
     assert (*_counts(optimizer), optimizer.skipped_steps) == before
-    assert optimizer.state_dict()["gradwise"] == state["gradwise"]
+    assert optimizer.state_dict()["param_groups"] == state["param_groups"]
 
 
 def test_failed_eigendecomposition_keeps_previous_roots():

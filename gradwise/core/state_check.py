@@ -9,6 +9,7 @@ cast to the chain's dtypes, a plain-number ``step`` made a tensor (torch.optim a
 from __future__ import annotations
 
 import math
+import warnings
 from itertools import chain as chain_iterables
 from typing import Any, Mapping
 
@@ -19,7 +20,7 @@ from gradwise.core.hyper import choice, non_negative_int
 from gradwise.core.params import local, param_label
 from gradwise.core.sharding import sharding
 from gradwise.core.state_keys import MARK, layout, parts_of
-from gradwise.core.transform import counters_of
+from gradwise.core.transform import counters_of, uses
 
 #: param-group keys that torch.optim adds to groups to choose how a step runs, not what it computes.
 TORCH_EXECUTION_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -242,20 +243,52 @@ def put_back_uncast(optimizer, state_dict: Mapping[str, Any]) -> None:
                 optimizer.state[p][key] = value.to(device=p.device)
 
 
+#: the key of every saved param group under which ``state_dict()`` keeps what belongs to the whole optimizer
+#: (``skipped_steps``, the mode, the chain's counters): torch.distributed.checkpoint's ``get_state_dict`` keeps
+#: only ``"state"`` and ``"param_groups"`` of a state dict, and every group, so that each of several optimizers
+#: saved together keeps its own. Checkpoints from before kept it as a top-level key, which still loads.
+OPTIMIZER_KEY = "gradwise"
+
+
 def save_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     """``state_dict()``'s post-hook: the counters and mode torch's state dict has no place for, with the
-    counters the chain's transforms declare (``counters_of``)."""
+    counters the chain's transforms declare (``counters_of``), in every saved group (``OPTIMIZER_KEY``)."""
     counters = {key: int(getattr(t, name)) for key, (t, name) in counters_of(optimizer.transform).items()}
-    state_dict["gradwise"] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode,
-                              **({"counters": counters} if counters else {})}
+    for group in state_dict["param_groups"]:
+        group[OPTIMIZER_KEY] = {"skipped_steps": optimizer.skipped_steps, "mode": optimizer.mode,
+                                **({"counters": dict(counters)} if counters else {})}
     return state_dict
 
 
+def saved_counters(state_dict: Mapping[str, Any]) -> tuple[str, Any]:
+    """Where ``state_dict`` keeps the optimizer's counters and mode, and what it keeps there: every group's
+    copy (refused unless they agree), else the top-level key of an older checkpoint, else None."""
+    copies = [(f"state_dict['param_groups'][{index}][{OPTIMIZER_KEY!r}]", group[OPTIMIZER_KEY])
+              for index, group in enumerate(state_dict["param_groups"]) if OPTIMIZER_KEY in group]
+    for where, saved in copies[1:]:
+        if saved != copies[0][1]:
+            raise ValueError(f"{where}={saved!r} differs from {copies[0][0]}={copies[0][1]!r}; every param group"
+                             " keeps the same copy of the optimizer's counters and mode, as optimizer.state_dict()"
+                             " saves them")
+    if copies:
+        return copies[0]
+    return f"state_dict[{OPTIMIZER_KEY!r}]", state_dict.get(OPTIMIZER_KEY)
+
+
 def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """``load_state_dict()``'s pre-hook: the saved counters and mode, all checked before any is set; a
-    checkpoint from before a counter was saved sets it to 0."""
-    saved = state_dict.get("gradwise", {})
-    where = "state_dict['gradwise']"
+    """``load_state_dict()``'s pre-hook: the saved counters and mode (``saved_counters``), all checked
+    before any is set; a checkpoint from before a counter was saved sets it to 0. Returns the state dict
+    for torch's loader, its groups without their copies (param groups hold hyperparameters only)."""
+    where, saved = saved_counters(state_dict)
+    if saved is None and state_dict["state"] and uses(optimizer.transform, "set_mode"):
+        warnings.warn(f"{type(optimizer).__name__}.load_state_dict: the state dict does not say which mode it was"
+                      f" saved in (its param groups have no {OPTIMIZER_KEY!r} entry, where state_dict() keeps it;"
+                      " torch.distributed.checkpoint with flatten_optimizer_state_dict=True leaves it out), so it"
+                      " loads in train mode: had it been saved in eval mode, its parameters would hold the"
+                      " evaluation point, and the run would go on from the wrong one", stacklevel=4)
+    saved = {} if saved is None else saved
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"invalid {where}={saved!r}: expected a dict, as optimizer.state_dict() saves it")
     skipped = non_negative_int(f"{where}['skipped_steps']", saved.get("skipped_steps", 0))
     mode = choice(("train", "eval"))(f"{where}['mode']", saved.get("mode", "train"))
     declared = counters_of(optimizer.transform)
@@ -273,4 +306,5 @@ def load_counters(optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     optimizer.mode = mode
     for key, (t, name) in declared.items():
         setattr(t, name, int(values[key]))
-    return state_dict
+    return {**state_dict, "param_groups": [{k: v for k, v in group.items() if k != OPTIMIZER_KEY}
+                                           for group in state_dict["param_groups"]]}

@@ -18,7 +18,13 @@ from typing import Any, Mapping
 import torch
 
 from gradwise.core.params import param_label
-from gradwise.core.state_check import BOOKKEEPING_KEYS, TORCH_EXECUTION_KEYS, expected_state, saved_ids
+from gradwise.core.state_check import (
+    BOOKKEEPING_KEYS,
+    OPTIMIZER_KEY,
+    TORCH_EXECUTION_KEYS,
+    expected_state,
+    saved_ids,
+)
 from gradwise.core.state_keys import MARK
 
 
@@ -40,10 +46,11 @@ def torch_name(key: str) -> str:
 
 
 def is_torch_format(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` came from torch.optim: no gradwise entry, and state keys that are not
-    namespaced (with no state at all: groups that hold torch's execution options)."""
+    """Whether ``state_dict`` came from torch.optim: no gradwise entry (at the top or in a group), and state
+    keys that are not namespaced (with no state at all: groups that hold torch's execution options)."""
     states, groups = state_dict.get("state"), state_dict.get("param_groups")
-    if "gradwise" in state_dict or not isinstance(states, Mapping) or not isinstance(groups, list):
+    if OPTIMIZER_KEY in state_dict or not isinstance(states, Mapping) or not isinstance(groups, list) \
+            or any(isinstance(g, Mapping) and OPTIMIZER_KEY in g for g in groups):
         return False
     keys = [k for st in states.values() if isinstance(st, Mapping) for k in st if k != "step"]
     if keys:
@@ -129,7 +136,8 @@ def to_torch(optimizer, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         if group.get("param_rounding", "nearest") != "nearest":
             raise ValueError(f"{type(optimizer).__name__} with param_rounding={group['param_rounding']!r} has no"
                              f" torch.optim counterpart: {fmt.optimizer} rounds to nearest")
-        groups.append({**fmt.group, **{k: v for k, v in saved.items() if k not in ("route", "param_rounding")}})
+        gradwise_only = ("route", "param_rounding", OPTIMIZER_KEY)
+        groups.append({**fmt.group, **{k: v for k, v in saved.items() if k not in gradwise_only}})
     params = [p for g in optimizer.param_groups for p in g["params"]]
     owners = dict(zip(saved_ids(state_dict), params))
     states = {}
