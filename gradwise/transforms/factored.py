@@ -48,9 +48,15 @@ def accumulate(square: Tensor, row: Tensor, col: Tensor, full: Tensor, weight: A
 
 
 def inverse_root(row: Tensor, col: Tensor, full: Tensor, shape: torch.Size, floor: Any) -> Tensor:
-    """1 / sqrt(max(V, floor^2)) with V = R C / max(mean(R), floor) (factored) or V = full."""
+    """1 / sqrt(max(V, floor^2)) with V = R C / max(mean(R), floor) (factored) or V = full.
+
+    Without a floor (CAME, AdaLomo) the factored root is taken as their references take it, one factor
+    at a time: (R / mean(R))^-1/2 C^-1/2. R C itself would underflow to 0 where a zero gradient leaves
+    R = C = eps1 = 1e-30, and the update 0 / sqrt(0) would be NaN."""
     if len(shape) < 2:
         estimate = full
+    elif isinstance(floor, float) and floor == 0.0:
+        return (row / row.mean(dim=-2, keepdim=True)).rsqrt() * col.rsqrt()
     else:
         estimate = (row * col) / row.mean(dim=-2, keepdim=True).clamp(min=floor)
     return estimate.clamp(min=floor * floor).rsqrt()
