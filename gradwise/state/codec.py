@@ -9,10 +9,13 @@ compiled path). Parts are plain tensors, so ``torch.save``/``torch.load(weights_
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gradwise.state.shards import Shard
 
 #: block sizes must divide the eager path's piece and any power-of-two shard: powers of two in this range.
 MIN_BLOCK, MAX_BLOCK = 16, 1 << 16
@@ -23,6 +26,8 @@ class Codec:
     moment), which the integer codecs use to spend no code on negatives."""
 
     name = "codec"
+    #: parts every rank of a sharded parameter holds whole (replicated), not its rows' share
+    whole_parts: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -30,15 +35,21 @@ class Codec:
         every parameter needed to decode it."""
         return self.name
 
-    def empty(self, shape: torch.Size, signed: bool, device: torch.device) -> dict[str, Tensor]:
+    def empty(self, shape: torch.Size, signed: bool, device: torch.device, shard: Shard | None = None
+              ) -> dict[str, Tensor]:
+        """Zeroed parts for a buffer of ``shape``; with ``shard`` (``gradwise.state.shards``), the local
+        parts of a DTensor parameter's buffer (``shape``: the local shard's)."""
         raise NotImplementedError
 
-    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor) -> None:
-        """Store ``x`` (float, shaped like the parameter) into ``parts`` in place. ``seed`` is a 0-d
-        int64 tensor, different every step and buffer, for codecs that round stochastically."""
+    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, shard: Shard | None = None
+               ) -> None:
+        """Store ``x`` (float, shaped like the parameter, or its local shard with ``shard``) into
+        ``parts`` in place. ``seed`` is a 0-d int64 tensor, different every step and buffer, for codecs
+        that round stochastically. With ``shard``, a collective where a scale spans ranks."""
         raise NotImplementedError
 
-    def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype) -> Tensor:
+    def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype,
+               shard: Shard | None = None) -> Tensor:
         raise NotImplementedError
 
     def nbytes(self, shape: torch.Size, signed: bool) -> int:
