@@ -169,13 +169,14 @@ def pack_rows(codes: Tensor, shard: Shard, bits: int) -> Tensor:
         return matrix
     if shard.row_numel % 2:
         matrix = torch.cat([matrix, matrix.new_zeros(shard.local_rows, 1)], 1)
-    return pack4(matrix).view(shard.local_rows, -1)
+    return pack4(matrix).view(shard.local_rows, shard.row_bytes(bits))
 
 
 def unpack_rows(packed: Tensor, shard: Shard, bits: int) -> Tensor:
     if bits == 8:
         return packed.reshape(-1)
-    return unpack4(packed.reshape(-1)).view(shard.local_rows, -1)[:, : shard.row_numel].reshape(-1)
+    padded = unpack4(packed.reshape(-1)).view(shard.local_rows, 2 * shard.row_bytes(bits))
+    return padded[:, : shard.row_numel].reshape(-1)
 
 
 def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: Tensor | None, shard: Shard,
