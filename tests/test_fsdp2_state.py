@@ -13,7 +13,9 @@ mesh, that a per-rank ``torch.save``/``torch.load`` round trip resumes bit-ident
 through ``torch.distributed.checkpoint`` from its own checkpoint and every one an earlier spawn saved
 (1 -> 1, 1 -> 2, 2 -> 2, 1 -> 4, 2 -> 4, 4 -> 4; saved after ``STEPS`` steps): after ``RESUME_STEPS``
 more steps its parameters are those of the uninterrupted run. (Resharding keeps the codes: blocks and
-scales are the logical tensor's, indexed by rows.)
+scales are the logical tensor's, indexed by rows.) Last, the state is loaded into an optimizer of the
+next format (bf16 -> int8 -> int4 -> bf16), decoded and encoded again on the shards: that too must be
+bit-identical to the unsharded conversion.
 """
 from __future__ import annotations
 
@@ -117,7 +119,9 @@ def _check_state_dict(label: str, model, optimizer) -> None:
                 continue
             encoded += 1
             assert isinstance(value, DTensor) and value.device_mesh == p.device_mesh, f"{label}: {key}"
-            if not key.endswith("col_max"):
+            if key.endswith("col_max") or (key.endswith("absmax") and p.dim() == 1):  # on every rank
+                assert all(placement.is_replicate() for placement in value.placements), f"{label}: {key}"
+            else:
                 assert value.placements == p.placements and value.shape[0] == p.shape[0], f"{label}: {key}"
                 assert value.to_local().shape[0] == p.to_local().shape[0], f"{label}: {key} local rows"
     assert encoded >= 4, f"{label}: only {encoded} encoded parts: the test is vacuous"
@@ -199,7 +203,21 @@ def _run_codec(codec: str, rank: int, world_size: int, mesh, directory: str) -> 
             assert torch.equal(_full(p), _full(q)), f"{codec}, resumed via {label}: {name} differs"
     result["resumed"] = sorted(resumed)
     result["final"] = _snapshot(model, optimizer)
+    result["converted"] = _snapshot(model, _converted(model.parameters(), optimizer, codec))
     return result
+
+
+def _converted(params, optimizer, codec: str):
+    """``optimizer``'s state loaded into one of the next format (bf16 -> int8 -> int4 -> bf16): every
+    encoded buffer decoded and encoded again, on the shards (all-reducing what a boundary cuts)."""
+    import warnings
+
+    target = _optimizer(params, CODECS[(CODECS.index(codec) + 1) % len(CODECS)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        target.load_state_dict(optimizer.state_dict())
+    assert any("converted" in str(w.message) for w in caught), f"{codec}: no conversion on load"
+    return target
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:
@@ -224,12 +242,13 @@ def _unsharded(codec: str) -> dict:
     _steps(model, optimizer, 0, STEPS)
     after = _snapshot(model, optimizer)
     _steps(model, optimizer, STEPS, RESUME_STEPS)
-    return {"after": after, "final": _snapshot(model, optimizer), "model": model}
+    converted = _snapshot(model, _converted(model.parameters(), optimizer, codec))
+    return {"after": after, "final": _snapshot(model, optimizer), "converted": converted, "model": model}
 
 
-def _unsharded_parts(codec: str, key: str, parts: dict, p: torch.Tensor) -> torch.Tensor:
-    """A plain tensor's part in the sharded layout: codes by rows (int4 unpacked), block scales as the
-    table of the blocks each row meets."""
+def _unsharded_parts(stored: str, key: str, parts: dict, p: torch.Tensor) -> torch.Tensor:
+    """A plain tensor's part in the sharded layout: codes by rows (int4 unpacked), a matrix's block
+    scales as the table of the blocks each row meets."""
     from gradwise.state import codec_from
     from gradwise.state.quantize import unpack4
     from gradwise.state.shards import Shard
@@ -237,18 +256,18 @@ def _unsharded_parts(codec: str, key: str, parts: dict, p: torch.Tensor) -> torc
     value = parts[key]
     shard = Shard.whole(p.shape)
     if key.endswith(".codes"):
-        return (unpack4(value)[: p.numel()] if codec == "int4" else value).view(p.shape[0], -1)
-    if key.endswith(".absmax"):
+        return (unpack4(value)[: p.numel()] if stored == "int4" else value).view(p.shape[0], -1)
+    if key.endswith(".absmax") and p.dim() > 1:
         index, meets = shard.table_index(codec_from(key.split("@")[1].rsplit(".", 1)[0]).block_size, value.device)
         return torch.where(meets, value[index], 0.0)
     return value
 
 
-def _comparable(codec: str, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def _comparable(stored: str, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A sharded run's part as ``_unsharded_parts`` gives it (int4 codes unpacked, within each row)."""
     from gradwise.state.shards import Shard, unpack_rows
 
-    if key.endswith(".codes") and codec == "int4":
+    if key.endswith(".codes") and stored == "int4":
         return unpack_rows(value, Shard.whole(p.shape), 4).view(p.shape[0], -1)
     return value
 
@@ -262,7 +281,7 @@ def test_encoded_state_is_bit_identical_at_1_2_4_ranks_and_unsharded(tmp_path):
         params = list(reference["model"].parameters())
         for world_size in WORLD_SIZES:
             got = results[world_size][codec]
-            for when in ("after", "final"):
+            for when in ("after", "final", "converted"):
                 for index, p in enumerate(params):
                     want, have = reference[when][index], got[when][index]
                     where = f"{codec}, {world_size} ranks, {when}, parameter {index} {tuple(p.shape)}"
@@ -272,8 +291,9 @@ def test_encoded_state_is_bit_identical_at_1_2_4_ranks_and_unsharded(tmp_path):
                         assert torch.equal(have["decoded"][key], value), f"{where}: decoded {key} differs"
                     assert want["parts"].keys() == have["parts"].keys(), where
                     for key in want["parts"]:
-                        expected = _unsharded_parts(codec, key, want["parts"], p)
-                        actual = _comparable(codec, key, have["parts"][key], p)
+                        stored = key.split("@")[1].split("-")[0].split(".")[0]  # the format: bf16, int8, int4
+                        expected = _unsharded_parts(stored, key, want["parts"], p)
+                        actual = _comparable(stored, key, have["parts"][key], p)
                         assert torch.equal(actual, expected), f"{where}: part {key} differs"
         encoded = [i for i, p in enumerate(params) if reference["after"][i]["parts"]]
         assert encoded == [0, 2, 3, 4], f"{codec}: encoded parameters {encoded}: the model no longer tests them"

@@ -14,7 +14,7 @@ from gradwise.state.shards import Shard, unpack_rows
 
 SEED = torch.tensor(4242)
 #: (codec, shape): odd and even rows, rows shorter and longer than a block, a vector, a 4-d tensor
-CASES = [(codec, shape) for codec in (Int8(block_size=64), Int4(), Int4(rounding="stochastic"), Int8())
+CASES = [(codec, shape) for codec in (Int8(block_size=64), Int4(), Int4(rounding="stochastic"))
          for shape in ((67, 64), (13, 301), (5, 3000), (700,), (6, 3, 5, 7))]
 
 
@@ -40,7 +40,9 @@ def test_one_shard_holds_todays_codes_rows_first(codec, shape, signed):
     assert torch.equal(unpack_rows(sharded["codes"], whole, codec.bits), codes)
     if codec.bits == 4 and whole.row_numel % 2 == 0:  # even rows: the very bytes of the flat packing
         assert torch.equal(sharded["codes"].view(-1), plain["codes"])
-    if "absmax" in plain:
+    if "absmax" in plain and whole.is_vector:  # all the blocks' scales, as they are
+        assert torch.equal(sharded["absmax"], plain["absmax"])
+    elif "absmax" in plain:
         index, meets = whole.table_index(codec.block_size, x.device)
         assert torch.equal(sharded["absmax"], torch.where(meets, plain["absmax"][index], 0.0))
     else:

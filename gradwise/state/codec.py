@@ -4,7 +4,8 @@ A codec turns a float buffer shaped like its parameter into a few plain tensors 
 back. The transforms never see it: the optimizer decodes every encoded buffer of a parameter into a
 float tensor before the chain runs and encodes the result after (in one compiled graph on the
 compiled path). Parts are plain tensors, so ``torch.save``/``torch.load(weights_only=True)`` and
-``state_dict()`` round trips carry them exactly.
+``state_dict()`` round trips carry them exactly. A DTensor parameter's parts are DTensors sharded
+like it, each rank encoding its own rows of the logical tensor (``gradwise.state.shards``).
 """
 from __future__ import annotations
 
@@ -26,8 +27,6 @@ class Codec:
     moment), which the integer codecs use to spend no code on negatives."""
 
     name = "codec"
-    #: parts every rank of a sharded parameter holds whole (replicated), not its rows' share
-    whole_parts: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -40,6 +39,11 @@ class Codec:
         """Zeroed parts for a buffer of ``shape``; with ``shard`` (``gradwise.state.shards``), the local
         parts of a DTensor parameter's buffer (``shape``: the local shard's)."""
         raise NotImplementedError
+
+    def replicated_parts(self, shape: torch.Size, signed: bool) -> tuple[str, ...]:
+        """The parts that every rank of a DTensor parameter of (logical) ``shape`` holds whole, not its
+        rows' share."""
+        return ()
 
     def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, shard: Shard | None = None
                ) -> None:

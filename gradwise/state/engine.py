@@ -61,13 +61,13 @@ class EncodedState:
     # ------------------------------------------------------------- fresh state
     def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
              position: int) -> None:
-        codec = self.codec_for(p, name)
+        codec, shard = self.codec_for(p, name), Shard.of(p)
         for buffer, value in fresh.items():
             if has_buffer(state, buffer):
                 continue
             encode = codec is not None and self.encodable(buffer, value, p)
             store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative,
-                  seed(0, position, buffer), Shard.of(p))
+                  seed(0, position, buffer), shard)
 
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:

@@ -22,7 +22,8 @@ loss over 3 seeds relative to float32 on an MLP with outlier input features):
 
 ``normalization=`` (``"block"`` or ``"rank1"``) and ``rounding=`` (``"nearest"`` or ``"stochastic"``)
 override both kinds of buffer; 0-d and 1-d buffers, and empty ones (no row or column to take a
-maximum over), always use blocks.
+maximum over), always use blocks. A DTensor parameter's buffer is encoded shard by shard with the
+blocks, scales and random bits of its logical tensor (``gradwise.state.shards``).
 """
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ class Quantized(Codec):
 
     bits = 8
     default_block = 2048
-    whole_parts = ("col_max",)
     #: (normalization, map, rounding) for signed and for non-negative buffers, where the constructor's
     #: ``normalization`` and ``rounding`` say "default".
     signed_layout = ("block", "dynamic", "nearest")
@@ -107,9 +107,15 @@ class Quantized(Codec):
             parts["row_max"] = torch.zeros(rows, dtype=torch.float32, device=device)
             parts["col_max"] = torch.zeros(shard.row_numel, dtype=torch.float32, device=device)
         else:
-            parts["absmax"] = torch.zeros(rows, shard.table_width(self.block_size), dtype=torch.float32,
-                                          device=device)
+            size = (shard.vector_blocks(self.block_size),) if shard.is_vector else \
+                (rows, shard.table_width(self.block_size))
+            parts["absmax"] = torch.zeros(size, dtype=torch.float32, device=device)
         return parts
+
+    def replicated_parts(self, shape, signed):
+        if self.layout(shape, signed)[0]:
+            return ("col_max",)
+        return ("absmax",) if len(shape) <= 1 else ()
 
     def encode(self, x, parts, signed, seed, shard=None):
         rank1, _, stochastic = self.layout(x.shape if shard is None else shard.shape, signed)

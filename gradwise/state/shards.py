@@ -18,13 +18,17 @@ for bit, on any number of ranks (and on one, unsharded):
 
 Between steps the parts are DTensors sharded like their parameter, with the logical tensor's rows as
 their first dimension, so ``state_dict()``, ``torch.distributed.checkpoint`` and its resharding
-(any world size to any other) carry them without a decode: codes are ``(rows, bytes per row)``
-(int4 packed two per byte within a row: where rows have an odd length, each row ends on half a
-byte); row maxima ``(rows,)``; column maxima ``(row length,)``, replicated; and block scales a
-``(rows, k)`` table, row ``i`` holding the scales of the ``k`` blocks it meets (zero past its last),
-where ``k`` is the most blocks a row can meet: a block's scale is repeated in each row it meets,
-which costs ``4 k`` bytes per row (a 768-wide int8 matrix: 1.0% of its codes, against 0.2% for
-the blocks alone; a vector: 4 bytes per element).
+(any world size to any other) carry them with no hook and no decode: codes are ``(rows, bytes per
+row)`` (int4 packed two per byte within a row: for even rows the very bytes of the unsharded flat
+packing; odd rows end on a half-filled byte); row maxima ``(rows,)``; column maxima ``(row
+length,)``, replicated; and block scales a ``(rows, k)`` table, row ``i`` holding the scales of the
+``k`` blocks it meets (zero past its last), ``k`` the most blocks a row can meet. A flat vector of
+blocks cannot be a DTensor sharded like the parameter (``Shard(0)`` would split it by block count,
+not by the rows each rank holds), so the table repeats a block's scale in each row it meets: ``4 k``
+bytes per row (a 768-wide int8 matrix: 1.0% of its codes, against 0.2% for the blocks alone).
+Decoding rebuilds the shard's blocks from its rows of the table. A vector's rows are its elements:
+there every rank keeps all its block scales instead (replicated, all-reduced each step: ``n / B``
+floats), and int4 spends a byte per code (two codes of a byte could lie on two ranks).
 """
 from __future__ import annotations
 
@@ -93,6 +97,15 @@ class Shard:
     @property
     def numel(self) -> int:
         return self.local_rows * self.row_numel
+
+    @property
+    def is_vector(self) -> bool:
+        """0-d or 1-d: rows of one element, so each rank keeps all block scales (replicated) rather
+        than a table row per element."""
+        return len(self.shape) <= 1
+
+    def vector_blocks(self, block: int) -> int:
+        return -(-self.rows * self.row_numel // block)
 
     def row_bytes(self, bits: int) -> int:
         return self.row_numel if bits == 8 else (self.row_numel + 1) // 2
@@ -187,9 +200,13 @@ def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: 
     pieces = [(flat[start:stop].view(rows, -1), start) for start, stop, rows in
               block_pieces(flat.numel(), block, shard.offset)]
     scales = torch.cat([finite_absmax(piece, 1).view(-1) for piece, _ in pieces] or [flat.new_zeros(0)])
-    cut = shard.cut_blocks(block)
+    first, count = shard.blocks(block)
+    if shard.is_vector:  # every rank holds every block's scale
+        every = flat.new_zeros(shard.vector_blocks(block))
+        every[first: first + count] = scales
+        scales = shard.max_over_ranks(every)[first: first + count]
+    cut = [] if shard.is_vector else shard.cut_blocks(block)
     if cut:
-        first, count = shard.blocks(block)
         ids = torch.tensor(cut, device=flat.device) - first
         here = (ids >= 0) & (ids < count)
         across = flat.new_zeros(len(cut))
@@ -202,15 +219,23 @@ def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: 
                               start=shard.offset + start).view(-1))
         done += rows
     parts["codes"].copy_(pack_rows(torch.cat(codes) if codes else flat.new_zeros(0, dtype=torch.uint8), shard, bits))
-    index, meets = shard.table_index(block, flat.device)
-    parts["absmax"].copy_(torch.where(meets, scales[index], 0.0))
+    if shard.is_vector:
+        parts["absmax"].copy_(every)
+    else:
+        index, meets = shard.table_index(block, flat.device)
+        parts["absmax"].copy_(torch.where(meets, scales[index], 0.0))
 
 
-def decode_blocks_on_shard(codes: Tensor, table: Tensor, block: int, code_map, shard: Shard) -> Tensor:
-    """The local shard's float32 values (flat) from its codes and scale table."""
-    index, meets = shard.table_index(block, table.device)
-    scales = table.new_zeros(shard.blocks(block)[1])
-    scales[index[meets]] = table[meets]
+def decode_blocks_on_shard(codes: Tensor, absmax: Tensor, block: int, code_map, shard: Shard) -> Tensor:
+    """The local shard's float32 values (flat) from its codes and block scales (a vector's: all of
+    them; else the table of its rows)."""
+    first, count = shard.blocks(block)
+    if shard.is_vector:
+        scales = absmax[first: first + count]
+    else:
+        index, meets = shard.table_index(block, absmax.device)
+        scales = absmax.new_zeros(count)
+        scales[index[meets]] = absmax[meets]
     values, out, done = code_map.value(codes), [], 0
     for start, stop, rows in block_pieces(shard.numel, block, shard.offset):
         out.append((values[start:stop].view(rows, -1) * scales[done: done + rows, None]).view(-1))

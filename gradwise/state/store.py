@@ -27,9 +27,9 @@ def store(state: dict[str, Tensor], buffer: str, value: Tensor, codec: Codec | N
     x = local(value)
     parts = codec.empty(x.shape, signed, x.device, shard)
     codec.encode(x, parts, signed, torch.tensor(seed_value, dtype=torch.int64, device=x.device), shard)
+    whole = () if shard is None else codec.replicated_parts(shard.shape, signed)
     for part, tensor in parts.items():
-        state[f"{buffer}{MARK}{codec.tag}.{part}"] = \
-            tensor if shard is None else shard.dtensor(tensor, whole=part in codec.whole_parts)
+        state[f"{buffer}{MARK}{codec.tag}.{part}"] = tensor if shard is None else shard.dtensor(tensor, part in whole)
 
 
 def take(state: dict[str, Tensor], buffer: str, shape: torch.Size, signed: bool, dtype: torch.dtype,
