@@ -3,8 +3,10 @@
 One spawn per world size (1, 2, 4) fully_shards an MLP whose matrices are encoded (their rows split
 unevenly; the last one has 3 rows, so at 4 ranks one shard is empty; rows of odd length, which int4
 packs within each row; a 1-D bias encoded too) and runs AdamW with ``state="bf16"|"int8"|"int4"`` for
-``STEPS`` steps. The gradients are set directly to the same logical tensors at every world size (a
-function of the step only), so any difference is the optimizer's. Rank 0 saves the gathered
+``STEPS`` steps, and int8 on bfloat16 parameters with ``param_rounding="stochastic"`` (every tensor
+encoded, so every parameter is written by the encoded path, its random bits from logical indices).
+The gradients are set directly to the same logical tensors at every world size (a function of the
+step only), so any difference is the optimizer's. Rank 0 saves the gathered
 parameters, decoded state and parts; the test then checks them bit-identical across world sizes and
 against the same optimizer stepping the unsharded model (its codes and scales in today's flat layout).
 
@@ -31,6 +33,9 @@ pytestmark = [pytest.mark.slow, needs_gloo]
 
 WORLD_SIZES = (1, 2, 4)
 CODECS = ("bf16", "int8", "int4")
+#: the codecs on float32 parameters, and int8 on bfloat16 parameters written with stochastic rounding,
+#: every tensor encoded (the 3-element bias too: at 4 ranks, one element per rank and none)
+CASES = (*CODECS, "int8-bf16-params")
 STEPS = 10
 RESUME_STEPS = 2
 #: encode every tensor of at least this many elements: the three matrices and the 301-element bias
@@ -38,12 +43,19 @@ MIN_NUMEL = 256
 KWARGS = dict(lr=1e-2, weight_decay=0.1, compile=False)
 
 
-def _mlp() -> torch.nn.Sequential:
+def _settings(case: str) -> tuple[str, int, torch.dtype, dict]:
+    """(codec, min_numel, parameter dtype, keyword arguments) of a case."""
+    if case == "int8-bf16-params":
+        return "int8", 1, torch.bfloat16, {"param_rounding": "stochastic"}
+    return case, MIN_NUMEL, torch.float32, {}
+
+
+def _mlp(dtype: torch.dtype = torch.float32) -> torch.nn.Sequential:
     """Weights (67, 64), (301, 67) and (3, 301): rows split 34/33 and 17/17/17/16 (int8's 2048- and
     int4's 128-element blocks cut at the shard boundaries), odd row lengths, 3 rows over 4 ranks."""
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 67), torch.nn.Tanh(), torch.nn.Linear(67, 301),
-                               torch.nn.Tanh(), torch.nn.Linear(301, 3))
+                               torch.nn.Tanh(), torch.nn.Linear(301, 3)).to(dtype)
 
 
 def _gradient(step: int, index: int, shape: torch.Size) -> torch.Tensor:
@@ -56,10 +68,11 @@ def _gradient(step: int, index: int, shape: torch.Size) -> torch.Tensor:
     return g
 
 
-def _optimizer(params, codec: str):
+def _optimizer(params, case: str):
     import gradwise
 
-    return gradwise.AdamW(params, state=gradwise.StatePolicy(codec, min_numel=MIN_NUMEL), **KWARGS)
+    codec, min_numel, _, kwargs = _settings(case)
+    return gradwise.AdamW(params, state=gradwise.StatePolicy(codec, min_numel=min_numel), **KWARGS, **kwargs)
 
 
 def _set_gradients(model, step: int) -> None:
@@ -68,7 +81,7 @@ def _set_gradients(model, step: int) -> None:
     from gradwise.core.sharding import sharding
 
     for index, p in enumerate(model.parameters()):
-        g = _gradient(step, index, p.shape)
+        g = _gradient(step, index, p.shape).to(p.dtype)
         if isinstance(p, DTensor):
             split = sharding(p)
             start, stop = (0, p.shape[0]) if split is None else split.rows(split.rank)
@@ -130,7 +143,7 @@ def _check_state_dict(label: str, model, optimizer) -> None:
 def _fresh(mesh, codec: str):
     from torch.distributed.fsdp import fully_shard
 
-    model = _mlp()
+    model = _mlp(_settings(codec)[2])
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # not the saved weights: a load must bring them
@@ -175,7 +188,7 @@ def _dcp_load(mesh, codec: str, directory: str):
 def _run_codec(codec: str, rank: int, world_size: int, mesh, directory: str) -> dict:
     from torch.distributed.fsdp import fully_shard
 
-    model = _mlp()
+    model = _mlp(_settings(codec)[2])
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -203,7 +216,8 @@ def _run_codec(codec: str, rank: int, world_size: int, mesh, directory: str) -> 
             assert torch.equal(_full(p), _full(q)), f"{codec}, resumed via {label}: {name} differs"
     result["resumed"] = sorted(resumed)
     result["final"] = _snapshot(model, optimizer)
-    result["converted"] = _snapshot(model, _converted(model.parameters(), optimizer, codec))
+    if codec in CODECS:
+        result["converted"] = _snapshot(model, _converted(model.parameters(), optimizer, codec))
     return result
 
 
@@ -225,7 +239,7 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
 
     mesh = init_device_mesh("cpu", (world_size,))
     results = {}
-    for codec in CODECS:
+    for codec in CASES:
         try:
             results[codec] = _run_codec(codec, rank, world_size, mesh, directory)
         except Exception as error:
@@ -237,13 +251,15 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
 
 # --------------------------------------------------------------------------- the test
 def _unsharded(codec: str) -> dict:
-    model = _mlp()
+    model = _mlp(_settings(codec)[2])
     optimizer = _optimizer(model.parameters(), codec)
     _steps(model, optimizer, 0, STEPS)
-    after = _snapshot(model, optimizer)
+    out = {"after": _snapshot(model, optimizer), "model": model}
     _steps(model, optimizer, STEPS, RESUME_STEPS)
-    converted = _snapshot(model, _converted(model.parameters(), optimizer, codec))
-    return {"after": after, "final": _snapshot(model, optimizer), "converted": converted, "model": model}
+    out["final"] = _snapshot(model, optimizer)
+    if codec in CODECS:
+        out["converted"] = _snapshot(model, _converted(model.parameters(), optimizer, codec))
+    return out
 
 
 def _unsharded_parts(stored: str, key: str, parts: dict, p: torch.Tensor) -> torch.Tensor:
@@ -276,12 +292,13 @@ def test_encoded_state_is_bit_identical_at_1_2_4_ranks_and_unsharded(tmp_path):
     for world_size in WORLD_SIZES:
         spawn(_worker, world_size, str(tmp_path))
     results = {w: torch.load(tmp_path / f"results-{w}.pt", weights_only=True) for w in WORLD_SIZES}
-    for codec in CODECS:
+    for codec in CASES:
         reference = _unsharded(codec)
         params = list(reference["model"].parameters())
         for world_size in WORLD_SIZES:
             got = results[world_size][codec]
-            for when in ("after", "final", "converted"):
+            assert reference.keys() - {"model"} == got.keys() - {"resumed"}, codec
+            for when in got.keys() - {"resumed"}:
                 for index, p in enumerate(params):
                     want, have = reference[when][index], got[when][index]
                     where = f"{codec}, {world_size} ranks, {when}, parameter {index} {tuple(p.shape)}"
@@ -296,8 +313,10 @@ def test_encoded_state_is_bit_identical_at_1_2_4_ranks_and_unsharded(tmp_path):
                         actual = _comparable(stored, key, have["parts"][key], p)
                         assert torch.equal(actual, expected), f"{where}: part {key} differs"
         encoded = [i for i, p in enumerate(params) if reference["after"][i]["parts"]]
-        assert encoded == [0, 2, 3, 4], f"{codec}: encoded parameters {encoded}: the model no longer tests them"
+        every = _settings(codec)[1] == 1
+        assert encoded == ([0, 1, 2, 3, 4, 5] if every else [0, 2, 3, 4]), f"{codec}: encoded parameters {encoded}"
         kinds = {k.rsplit(".", 1)[1] for i in encoded for k in reference["after"][i]["parts"]}
         assert kinds == ({"value"} if codec == "bf16" else {"codes", "absmax", "row_max", "col_max"}), kinds
+        assert all(p.dtype == _settings(codec)[2] for p in params), codec
     assert results[2]["int8"]["resumed"] == ["DCP 1 -> 2", "DCP 2 -> 2", "torch.save"]
     assert results[4]["int8"]["resumed"] == ["DCP 1 -> 4", "DCP 2 -> 4", "DCP 4 -> 4", "torch.save"]
