@@ -6,9 +6,9 @@ packs within each row; a 1-D bias encoded too) and runs AdamW with ``state="bf16
 ``STEPS`` steps, and int8 on bfloat16 parameters with ``param_rounding="stochastic"`` (every tensor
 encoded, so every parameter is written by the encoded path, its random bits from logical indices).
 The gradients are set directly to the same logical tensors at every world size (a function of the
-step only), so any difference is the optimizer's. Rank 0 saves the gathered
-parameters, decoded state and parts; the test then checks them bit-identical across world sizes and
-against the same optimizer stepping the unsharded model (its codes and scales in today's flat layout).
+step only), so any difference is the optimizer's. Rank 0 saves the gathered parameters, decoded state
+and parts; the test then checks them bit-identical across world sizes and against the same optimizer
+stepping the unsharded model (its codes and scales in today's flat layout).
 
 Each spawn also checks that ``optimizer.state_dict()`` holds the parts as DTensors on the parameter's
 mesh, that a per-rank ``torch.save``/``torch.load`` round trip resumes bit-identically, and resumes
@@ -267,10 +267,10 @@ def _unsharded_parts(stored: str, key: str, parts: dict, p: torch.Tensor) -> tor
     scales as the table of the blocks each row meets."""
     from gradwise.state import codec_from
     from gradwise.state.quantize import unpack4
-    from gradwise.state.shards import Shard
+    from gradwise.state.shards import LocalShard
 
     value = parts[key]
-    shard = Shard.whole(p.shape)
+    shard = LocalShard.whole(p.shape)
     if key.endswith(".codes"):
         return (unpack4(value)[: p.numel()] if stored == "int4" else value).view(p.shape[0], -1)
     if key.endswith(".absmax") and p.dim() > 1:
@@ -281,10 +281,10 @@ def _unsharded_parts(stored: str, key: str, parts: dict, p: torch.Tensor) -> tor
 
 def _comparable(stored: str, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A sharded run's part as ``_unsharded_parts`` gives it (int4 codes unpacked, within each row)."""
-    from gradwise.state.shards import Shard, unpack_rows
+    from gradwise.state.shards import LocalShard, unpack_rows
 
     if key.endswith(".codes") and stored == "int4":
-        return unpack_rows(value, Shard.whole(p.shape), 4).view(p.shape[0], -1)
+        return unpack_rows(value, LocalShard.whole(p.shape), 4).view(p.shape[0], -1)
     return value
 
 

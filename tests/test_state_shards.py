@@ -10,7 +10,7 @@ import torch
 
 from gradwise.state import BF16, Int4, Int8
 from gradwise.state.quantize import unpack4
-from gradwise.state.shards import Shard, unpack_rows
+from gradwise.state.shards import LocalShard, unpack_rows
 
 SEED = torch.tensor(4242)
 #: (codec, shape): odd and even rows, rows shorter and longer than a block, a vector, a 4-d tensor
@@ -34,8 +34,8 @@ def _encode(codec, x, signed, shard=None):
 @pytest.mark.parametrize("codec, shape", CASES, ids=lambda c: str(c))
 def test_one_shard_holds_todays_codes_rows_first(codec, shape, signed):
     x = _tensor(shape, signed)
-    plain, sharded = _encode(codec, x, signed), _encode(codec, x, signed, Shard.whole(x.shape))
-    whole = Shard.whole(x.shape)
+    plain, sharded = _encode(codec, x, signed), _encode(codec, x, signed, LocalShard.whole(x.shape))
+    whole = LocalShard.whole(x.shape)
     codes = unpack4(plain["codes"])[: x.numel()] if codec.bits == 4 else plain["codes"]
     assert torch.equal(unpack_rows(sharded["codes"], whole, codec.bits), codes)
     if codec.bits == 4 and whole.row_numel % 2 == 0:  # even rows: the very bytes of the flat packing
@@ -57,12 +57,12 @@ def test_shards_at_block_boundaries_encode_the_whole_tensors_codes(codec, stocha
     """Rows of 128 elements: every row boundary is a block boundary, so each shard's codes, stochastic
     bits included, are the whole tensor's: its random bits come from its logical offset, not from 0."""
     x = _tensor((9, 128), signed=True)
-    whole = _encode(codec, x, True, Shard.whole(x.shape))
-    pieces = [_encode(codec, x[start:stop], True, Shard(x.shape, start, stop)) for start, stop in
+    whole = _encode(codec, x, True, LocalShard.whole(x.shape))
+    pieces = [_encode(codec, x[start:stop], True, LocalShard(x.shape, start, stop)) for start, stop in
               ((0, 4), (4, 4), (4, 7), (7, 9))]
     for part, value in whole.items():
         assert torch.equal(torch.cat([p[part] for p in pieces]), value), part
-    shifted = _encode(codec, x[4:7], True, Shard.whole(x[4:7].shape))  # the same rows at offset 0
+    shifted = _encode(codec, x[4:7], True, LocalShard.whole(x[4:7].shape))  # the same rows at offset 0
     assert any(not torch.equal(shifted[k], pieces[2][k]) for k in shifted) == stochastic
 
 
@@ -71,4 +71,4 @@ def test_shards_at_block_boundaries_encode_the_whole_tensors_codes(codec, stocha
 def test_scale_table_is_as_wide_as_the_most_blocks_a_row_meets(row_numel, block):
     rows = 2 * block  # every offset a row can start at, modulo the block
     met = max((r * row_numel + row_numel - 1) // block - r * row_numel // block + 1 for r in range(rows))
-    assert Shard.whole(torch.Size([rows, row_numel])).table_width(block) == met
+    assert LocalShard.whole(torch.Size([rows, row_numel])).table_width(block) == met

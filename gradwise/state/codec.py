@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from gradwise.state.shards import Shard
+    from gradwise.state.shards import LocalShard
 
 #: block sizes must divide the eager path's piece and any power-of-two shard: powers of two in this range.
 MIN_BLOCK, MAX_BLOCK = 16, 1 << 16
@@ -34,7 +34,7 @@ class Codec:
         every parameter needed to decode it."""
         return self.name
 
-    def empty(self, shape: torch.Size, signed: bool, device: torch.device, shard: Shard | None = None
+    def empty(self, shape: torch.Size, signed: bool, device: torch.device, shard: LocalShard | None = None
               ) -> dict[str, Tensor]:
         """Zeroed parts for a buffer of ``shape``; with ``shard`` (``gradwise.state.shards``), the local
         parts of a DTensor parameter's buffer (``shape``: the local shard's)."""
@@ -45,7 +45,7 @@ class Codec:
         rows' share."""
         return ()
 
-    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, shard: Shard | None = None
+    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, shard: LocalShard | None = None
                ) -> None:
         """Store ``x`` (float, shaped like the parameter, or its local shard with ``shard``) into
         ``parts`` in place. ``seed`` is a 0-d int64 tensor, different every step and buffer, for codecs
@@ -53,7 +53,7 @@ class Codec:
         raise NotImplementedError
 
     def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype,
-               shard: Shard | None = None) -> Tensor:
+               shard: LocalShard | None = None) -> Tensor:
         raise NotImplementedError
 
     def nbytes(self, shape: torch.Size, signed: bool) -> int:

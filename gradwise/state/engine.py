@@ -22,7 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
-from gradwise.state.shards import Shard
+from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
 
@@ -61,7 +61,7 @@ class EncodedState:
     # ------------------------------------------------------------- fresh state
     def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
              position: int) -> None:
-        codec, shard = self.codec_for(p, name), Shard.of(p)
+        codec, shard = self.codec_for(p, name), LocalShard.of(p)
         for buffer, value in fresh.items():
             if has_buffer(state, buffer):
                 continue
@@ -78,7 +78,7 @@ class EncodedState:
         Schedule-Free ``set_mode`` reads z to move the parameters between y and x)."""
         plain_keys, encoded = layout(tuple(state))
         buffers = {k: local(state[k]) for k in plain_keys if k != "step"}
-        shard = Shard.of(p)
+        shard = LocalShard.of(p)
         for buffer, tag in encoded:
             signed = buffer not in self.nonnegative
             buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag), local(p).shape, signed,
@@ -110,7 +110,7 @@ class EncodedState:
                 if rounds_stochastically(static, p.dtype) else None
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
                     None if outputs is None else local(outputs[i]))
-            shard = Shard.of(p)
+            shard = LocalShard.of(p)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
@@ -141,7 +141,7 @@ class EncodedState:
     def expected_parts(tag: str, shape: torch.Size, signed: bool, param: Tensor | None = None) -> dict[str, Tensor]:
         """The parts (meta tensors) of a buffer of ``shape`` encoded as ``tag``, to check a checkpoint by;
         for a DTensor ``param``, the global shapes of its parts' DTensors."""
-        shard = Shard.whole(shape) if isinstance(param, DTensor) else None
+        shard = LocalShard.whole(shape) if isinstance(param, DTensor) else None
         return codec_from(tag).empty(shape, signed, torch.device("meta"), shard)
 
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -178,7 +178,7 @@ class EncodedState:
             wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
-            shard = Shard.of(p)
+            shard = LocalShard.of(p)
             value = take(state, buffer, p.shape, signed, state_dtype(p), shard)
             store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), shard)
             done.append((current, wanted))

@@ -20,7 +20,7 @@ from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
 from gradwise.state.codec import Codec
-from gradwise.state.shards import Shard
+from gradwise.state.shards import LocalShard
 
 logger = logging.getLogger("gradwise")
 
@@ -30,7 +30,7 @@ Specs = tuple[tuple[str, Codec, bool], ...]
 
 def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
                parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static,
-               rounding: Tensor | None = None, output: Tensor | None = None, shard: Shard | None = None
+               rounding: Tensor | None = None, output: Tensor | None = None, shard: LocalShard | None = None
                ) -> dict[str, Tensor]:
     """One phase of ``p <- p + chain(g)`` (``grad``: the phase's input; ``output``: as ``run_chain``'s)
     with the state in ``specs`` decoded from ``parts``, and the buffers the phase writes encoded back

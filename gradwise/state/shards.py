@@ -41,11 +41,12 @@ from torch import Tensor
 
 from gradwise.core.params import DTensor
 from gradwise.core.sharding import Sharding, sharding
+from gradwise.state.codec import n_blocks
 from gradwise.state.quantize import block_pieces, finite_absmax, pack4, to_codes, unpack4
 
 
 @dataclass(frozen=True)
-class Shard:
+class LocalShard:
     """Where the local shard of a DTensor parameter lies in its logical tensor (``shape``): rows
     ``[start_row, stop_row)``; ``split`` is the parameter's ``Sharding`` (None: every rank holds all
     of it); ``mesh`` and ``placements`` are the parameter's, for the parts' DTensors."""
@@ -58,7 +59,7 @@ class Shard:
     placements: tuple = ()
 
     @classmethod
-    def of(cls, p: Tensor) -> "Shard | None":
+    def of(cls, p: Tensor) -> "LocalShard | None":
         """``p``'s shard, or None when ``p`` is a plain tensor (its parts stay plain, flat tensors)."""
         if not isinstance(p, DTensor):
             return None
@@ -68,7 +69,7 @@ class Shard:
         return cls(p.shape, start, stop, split, p.device_mesh, tuple(p.placements))
 
     @classmethod
-    def whole(cls, shape: torch.Size) -> "Shard":
+    def whole(cls, shape: torch.Size) -> "LocalShard":
         """The logical tensor as one shard: ``empty`` then gives the parts' global shapes."""
         return cls(torch.Size(shape), 0, shape[0] if len(shape) else 1)
 
@@ -105,7 +106,7 @@ class Shard:
         return len(self.shape) <= 1
 
     def vector_blocks(self, block: int) -> int:
-        return -(-self.rows * self.row_numel // block)
+        return n_blocks(self.rows * self.row_numel, block)
 
     def row_bytes(self, bits: int) -> int:
         return self.row_numel if bits == 8 else (self.row_numel + 1) // 2
@@ -174,7 +175,7 @@ def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------- codes
-def pack_rows(codes: Tensor, shard: Shard, bits: int) -> Tensor:
+def pack_rows(codes: Tensor, shard: LocalShard, bits: int) -> Tensor:
     """Local flat codes as ``(local rows, bytes per row)``; int4 packed within each row, which for
     even rows is byte for byte the flat packing of an unsharded tensor."""
     matrix = codes.reshape(shard.local_rows, shard.row_numel)
@@ -185,14 +186,14 @@ def pack_rows(codes: Tensor, shard: Shard, bits: int) -> Tensor:
     return pack4(matrix).view(shard.local_rows, shard.row_bytes(bits))
 
 
-def unpack_rows(packed: Tensor, shard: Shard, bits: int) -> Tensor:
+def unpack_rows(packed: Tensor, shard: LocalShard, bits: int) -> Tensor:
     if bits == 8:
         return packed.reshape(-1)
     padded = unpack4(packed.reshape(-1)).view(shard.local_rows, 2 * shard.row_bytes(bits))
     return padded[:, : shard.row_numel].reshape(-1)
 
 
-def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: Tensor | None, shard: Shard,
+def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: Tensor | None, shard: LocalShard,
                            parts: dict[str, Tensor], bits: int) -> None:
     """Block-wise codes of the local shard ``x`` into ``parts`` ("codes", "absmax": the scale table);
     the blocks a shard boundary cuts get the max over ranks of their pieces' maxima."""
@@ -226,7 +227,7 @@ def encode_blocks_on_shard(x: Tensor, block: int, code_map, signed: bool, seed: 
         parts["absmax"].copy_(torch.where(meets, scales[index], 0.0))
 
 
-def decode_blocks_on_shard(codes: Tensor, absmax: Tensor, block: int, code_map, shard: Shard) -> Tensor:
+def decode_blocks_on_shard(codes: Tensor, absmax: Tensor, block: int, code_map, shard: LocalShard) -> Tensor:
     """The local shard's float32 values (flat) from its codes and block scales (a vector's: all of
     them; else the table of its rows)."""
     first, count = shard.blocks(block)
@@ -244,7 +245,7 @@ def decode_blocks_on_shard(codes: Tensor, absmax: Tensor, block: int, code_map, 
 
 
 def encode_rank1_on_shard(x: Tensor, code_map, signed: bool, seed: Tensor | None,
-                          shard: Shard) -> tuple[Tensor, Tensor, Tensor]:
+                          shard: LocalShard) -> tuple[Tensor, Tensor, Tensor]:
     """(flat codes, row maxima, column maxima) of the local rows; column maxima are over all ranks."""
     matrix = x.reshape(shard.local_rows, shard.row_numel).float()
     row_max = finite_absmax(matrix, 1)
@@ -254,7 +255,7 @@ def encode_rank1_on_shard(x: Tensor, code_map, signed: bool, seed: Tensor | None
     return codes.view(-1), row_max.view(-1), col_max.view(-1)
 
 
-def decode_rank1_on_shard(codes: Tensor, row_max: Tensor, col_max: Tensor, code_map, shard: Shard) -> Tensor:
+def decode_rank1_on_shard(codes: Tensor, row_max: Tensor, col_max: Tensor, code_map, shard: LocalShard) -> Tensor:
     """The local rows' float32 values, ``(local rows, row length)``, from their codes and scales."""
     scale = torch.minimum(row_max.view(-1, 1), col_max.view(1, -1))
     return code_map.value(codes).view(shard.local_rows, shard.row_numel) * scale

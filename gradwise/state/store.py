@@ -13,11 +13,11 @@ from torch import Tensor
 from gradwise.core.params import local
 from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.state.codec import Codec, codec_from
-from gradwise.state.shards import Shard
+from gradwise.state.shards import LocalShard
 
 
 def store(state: dict[str, Tensor], buffer: str, value: Tensor, codec: Codec | None, signed: bool,
-          seed_value: int, shard: Shard | None = None) -> None:
+          seed_value: int, shard: LocalShard | None = None) -> None:
     """Put ``value`` into ``state`` as ``buffer``, encoded by ``codec`` (``None``: as it is). With
     ``shard`` (a DTensor parameter's, ``value`` a DTensor like it), the parts are DTensors whose rows
     are the parameter's (``gradwise.state.shards``); encoding them is a collective."""
@@ -33,7 +33,7 @@ def store(state: dict[str, Tensor], buffer: str, value: Tensor, codec: Codec | N
 
 
 def take(state: dict[str, Tensor], buffer: str, shape: torch.Size, signed: bool, dtype: torch.dtype,
-         shard: Shard | None = None) -> Tensor:
+         shard: LocalShard | None = None) -> Tensor:
     """Remove ``buffer`` from ``state``, decoded if it was encoded (``shape``: the parameter's; with
     ``shard``, a DTensor like the parameter)."""
     if buffer in state:
