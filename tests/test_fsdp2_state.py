@@ -13,7 +13,8 @@ stepping the unsharded model (its codes and scales in today's flat layout).
 Each spawn also checks that ``optimizer.state_dict()`` holds the parts as DTensors on the parameter's
 mesh, that a per-rank ``torch.save``/``torch.load`` round trip resumes bit-identically, and resumes
 through ``torch.distributed.checkpoint`` from its own checkpoint and every one an earlier spawn saved
-(1 -> 1, 1 -> 2, 2 -> 2, 1 -> 4, 2 -> 4, 4 -> 4; saved after ``STEPS`` steps): after ``RESUME_STEPS``
+(1 -> 1, 1 -> 2, 2 -> 2, 1 -> 4, 2 -> 4, 4 -> 4; saved after ``STEPS`` steps; the last spawn also
+loads the 2- and 4-rank ones on a 1-rank mesh of each rank: 2 -> 1, 4 -> 1): after ``RESUME_STEPS``
 more steps its parameters are those of the uninterrupted run. (Resharding keeps the codes: blocks and
 scales are the logical tensor's, indexed by rows.) Last, the state is loaded into an optimizer of the
 next format (bf16 -> int8 -> int4 -> bf16), decoded and encoded again on the shards: that too must be
@@ -185,7 +186,7 @@ def _dcp_load(mesh, codec: str, directory: str):
     return model, optimizer
 
 
-def _run_codec(codec: str, rank: int, world_size: int, mesh, directory: str) -> dict:
+def _run_codec(codec: str, rank: int, world_size: int, mesh, solo, directory: str) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp(_settings(codec)[2])
@@ -207,6 +208,8 @@ def _run_codec(codec: str, rank: int, world_size: int, mesh, directory: str) -> 
         source = os.path.join(directory, f"{codec}-{saved_at}")
         if os.path.exists(os.path.join(source, ".metadata")):
             resumed[f"DCP {saved_at} -> {world_size}"] = _dcp_load(mesh, codec, source)
+        if solo is not None and saved_at > 1:  # and on one rank, each rank a world of its own
+            resumed[f"DCP {saved_at} -> 1"] = _dcp_load(solo, codec, source)
     for label, (resumed_model, resumed_optimizer) in resumed.items():
         _check_state_dict(f"{codec}, {label}", resumed_model, resumed_optimizer)
         _steps(resumed_model, resumed_optimizer, STEPS, RESUME_STEPS)
@@ -238,10 +241,13 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
+    # in the last spawn, a 1-rank mesh on each rank too: checkpoints of more ranks load on one
+    solo = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("ranks", "solo"))["solo"] \
+        if world_size == WORLD_SIZES[-1] else None
     results = {}
     for codec in CASES:
         try:
-            results[codec] = _run_codec(codec, rank, world_size, mesh, directory)
+            results[codec] = _run_codec(codec, rank, world_size, mesh, solo, directory)
         except Exception as error:
             labelled(error, rank, codec)
             raise
@@ -319,4 +325,5 @@ def test_encoded_state_is_bit_identical_at_1_2_4_ranks_and_unsharded(tmp_path):
         assert kinds == ({"value"} if codec == "bf16" else {"codes", "absmax", "row_max", "col_max"}), kinds
         assert all(p.dtype == _settings(codec)[2] for p in params), codec
     assert results[2]["int8"]["resumed"] == ["DCP 1 -> 2", "DCP 2 -> 2", "torch.save"]
-    assert results[4]["int8"]["resumed"] == ["DCP 1 -> 4", "DCP 2 -> 4", "DCP 4 -> 4", "torch.save"]
+    assert results[4]["int8"]["resumed"] == ["DCP 1 -> 4", "DCP 2 -> 1", "DCP 2 -> 4", "DCP 4 -> 1", "DCP 4 -> 4",
+                                             "torch.save"]
