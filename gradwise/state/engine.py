@@ -16,7 +16,6 @@ from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
-from gradwise.core.sharding import shard_offset
 from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
@@ -106,11 +105,11 @@ class EncodedState:
             parts = {buffer: _local_parts(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
-            rounding = rounding_rows([seed(step, position, "param")], [shard_offset(p)], p.device) \
-                if rounds_stochastically(static, p.dtype) else None
+            shard = LocalShard.of(p)
+            rounding = rounding_rows([seed(step, position, "param")], [0 if shard is None else shard.offset],
+                                     p.device) if rounds_stochastically(static, p.dtype) else None
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
                     None if outputs is None else local(outputs[i]))
-            shard = LocalShard.of(p)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
@@ -165,7 +164,7 @@ class EncodedState:
                           " is not bit-identical", stacklevel=3)
 
     def _convert(self, state: dict[str, Tensor], p: Tensor, name: str | None, position: int) -> list[tuple[str, str]]:
-        codec = self.codec_for(p, name)
+        codec, shard = self.codec_for(p, name), LocalShard.of(p)
         done = []
         for buffer in self.transform.state:
             if not has_buffer(state, buffer):
@@ -178,7 +177,6 @@ class EncodedState:
             wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
-            shard = LocalShard.of(p)
             value = take(state, buffer, p.shape, signed, state_dtype(p), shard)
             store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), shard)
             done.append((current, wanted))
