@@ -187,7 +187,7 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
         shape, dtype = expected[buffer]
         signed = buffer not in nonnegative
         parts = parts_of(saved_state, buffer, tag)
-        for part, want in optimizer.storage.expected_parts(tag, shape, signed).items():
+        for part, want in optimizer.storage.expected_parts(tag, shape, signed, p).items():
             have = parts.get(part)
             if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
                 raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"

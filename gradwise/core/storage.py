@@ -9,8 +9,8 @@ formats:
   compiled, fall_back, outputs)`` for the parameters whose state is encoded: one phase of their step
   (``core/phases.py``), returning the parts of the next phase's reductions;
 - ``decoded(state, p)``: a parameter's buffers as float tensors, for reading;
-- ``expected_parts(tag, shape, signed)`` (the meta tensors a buffer encoded as ``tag`` is made of:
-  a checkpoint is checked against them) and ``after_load(optimizer, state_dict)``: loading;
+- ``expected_parts(tag, shape, signed, param)`` (the meta tensors a buffer encoded as ``tag`` is made
+  of, for ``param``: a checkpoint is checked against them) and ``after_load(optimizer, state_dict)``: loading;
 - ``compile_stats``: ``(graphs, seconds)`` that ``run`` compiled;
 - ``policy``: the ``state=`` it was built from (``None``: float32). A copy or a pickle of the
   optimizer builds its storage afresh from it (compiled graphs are not copied).
@@ -86,8 +86,9 @@ class PlainStorage:
     def decoded(self, state: Mapping[str, Tensor], p: Tensor) -> dict[str, Tensor]:
         return {k: local(v) for k, v in state.items() if k != "step"}
 
-    def expected_parts(self, tag: str, shape: torch.Size, signed: bool) -> dict[str, Tensor]:
-        return self._encoded_reader().expected_parts(tag, shape, signed)
+    def expected_parts(self, tag: str, shape: torch.Size, signed: bool, param: Tensor | None = None
+                       ) -> dict[str, Tensor]:
+        return self._encoded_reader().expected_parts(tag, shape, signed, param)
 
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         """A checkpoint with encoded buffers: each decoded into a float buffer; else nothing to do."""

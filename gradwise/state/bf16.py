@@ -17,12 +17,13 @@ from gradwise.core.hashing import hash32
 from gradwise.state.codec import Codec
 
 
-def round_to_bf16_stochastically(x: Tensor, seed: Tensor) -> Tensor:
+def round_to_bf16_stochastically(x: Tensor, seed: Tensor, start: int = 0) -> Tensor:
     """``x`` (float32) rounded to bfloat16, up or down with probabilities that make it unbiased.
-    NaN and inf pass through unchanged. (Adding at most 0xFFFF to the bits of a finite float32 never
-    overflows int32: a carry only moves the value up to the next bfloat16.)"""
+    NaN and inf pass through unchanged. ``start``: the logical index of ``x``'s first element (a
+    shard's offset), which the random bits depend on. (Adding at most 0xFFFF to the bits of a finite
+    float32 never overflows int32: a carry only moves the value up to the next bfloat16.)"""
     bits = x.contiguous().view(torch.int32)
-    index = torch.arange(x.numel(), device=x.device, dtype=torch.int32).view(x.shape)
+    index = torch.arange(start, start + x.numel(), device=x.device, dtype=torch.int32).view(x.shape)
     noise = hash32(index, seed) & 0xFFFF
     rounded = ((bits + noise) & ~0xFFFF).view(torch.float32)
     return torch.where(torch.isfinite(x) & torch.isfinite(rounded), rounded, x).to(torch.bfloat16)
@@ -33,11 +34,12 @@ class BF16(Codec):
 
     name = "bf16"
 
-    def empty(self, shape, signed, device):
+    def empty(self, shape, signed, device, shard=None):
         return {"value": torch.zeros(shape, dtype=torch.bfloat16, device=device)}
 
-    def encode(self, x, parts, signed, seed):
-        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed))
+    def encode(self, x, parts, signed, seed, shard=None):
+        start = 0 if shard is None else shard.offset
+        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, start))
 
-    def decode(self, parts, shape, signed, dtype):
+    def decode(self, parts, shape, signed, dtype, shard=None):
         return parts["value"].to(dtype)

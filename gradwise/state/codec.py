@@ -4,15 +4,19 @@ A codec turns a float buffer shaped like its parameter into a few plain tensors 
 back. The transforms never see it: the optimizer decodes every encoded buffer of a parameter into a
 float tensor before the chain runs and encodes the result after (in one compiled graph on the
 compiled path). Parts are plain tensors, so ``torch.save``/``torch.load(weights_only=True)`` and
-``state_dict()`` round trips carry them exactly.
+``state_dict()`` round trips carry them exactly. A DTensor parameter's parts are DTensors sharded
+like it, each rank encoding its own rows of the logical tensor (``gradwise.state.shards``).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gradwise.state.shards import LocalShard
 
 #: block sizes must divide the eager path's piece and any power-of-two shard: powers of two in this range.
 MIN_BLOCK, MAX_BLOCK = 16, 1 << 16
@@ -30,15 +34,26 @@ class Codec:
         every parameter needed to decode it."""
         return self.name
 
-    def empty(self, shape: torch.Size, signed: bool, device: torch.device) -> dict[str, Tensor]:
+    def empty(self, shape: torch.Size, signed: bool, device: torch.device, shard: LocalShard | None = None
+              ) -> dict[str, Tensor]:
+        """Zeroed parts for a buffer of ``shape``; with ``shard`` (``gradwise.state.shards``), the local
+        parts of a DTensor parameter's buffer (``shape``: the local shard's)."""
         raise NotImplementedError
 
-    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor) -> None:
-        """Store ``x`` (float, shaped like the parameter) into ``parts`` in place. ``seed`` is a 0-d
-        int64 tensor, different every step and buffer, for codecs that round stochastically."""
+    def replicated_parts(self, shape: torch.Size, signed: bool) -> tuple[str, ...]:
+        """The parts that every rank of a DTensor parameter of (logical) ``shape`` holds whole, not its
+        rows' share."""
+        return ()
+
+    def encode(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, shard: LocalShard | None = None
+               ) -> None:
+        """Store ``x`` (float, shaped like the parameter, or its local shard with ``shard``) into
+        ``parts`` in place. ``seed`` is a 0-d int64 tensor, different every step and buffer, for codecs
+        that round stochastically. With ``shard``, a collective where a scale spans ranks."""
         raise NotImplementedError
 
-    def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype) -> Tensor:
+    def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype,
+               shard: LocalShard | None = None) -> Tensor:
         raise NotImplementedError
 
     def nbytes(self, shape: torch.Size, signed: bool) -> int:

@@ -21,6 +21,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
+from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
 
@@ -59,17 +60,13 @@ class EncodedState:
     # ------------------------------------------------------------- fresh state
     def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
              position: int) -> None:
-        codec = self.codec_for(p, name)
+        codec, shard = self.codec_for(p, name), LocalShard.of(p)
         for buffer, value in fresh.items():
             if has_buffer(state, buffer):
                 continue
             encode = codec is not None and self.encodable(buffer, value, p)
-            if encode and isinstance(p, DTensor):
-                raise NotImplementedError(
-                    f"parameter {name or position} is a DTensor: encoded state ({codec.tag}) is not yet supported"
-                    " for sharded parameters; keep it in float32 with a StatePolicy rule, e.g. rules={'.*': 'fp32'}")
             store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative,
-                  seed(0, position, buffer))
+                  seed(0, position, buffer), shard)
 
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:
@@ -80,9 +77,11 @@ class EncodedState:
         Schedule-Free ``set_mode`` reads z to move the parameters between y and x)."""
         plain_keys, encoded = layout(tuple(state))
         buffers = {k: local(state[k]) for k in plain_keys if k != "step"}
+        shard = LocalShard.of(p)
         for buffer, tag in encoded:
             signed = buffer not in self.nonnegative
-            buffers[buffer] = codec_from(tag).decode(parts_of(state, buffer, tag), p.shape, signed, state_dtype(p))
+            buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag), local(p).shape, signed,
+                                                     state_dtype(p), shard)
         return buffers
 
     # ------------------------------------------------------------- the step
@@ -94,7 +93,8 @@ class EncodedState:
         (all with encoded state), one parameter at a time; a batched phase sees a batch of one. Only the
         buffers of the phase are decoded, and only those it writes encoded again. Returns the parts of
         the next phase's reductions. ``fall_back(error)`` is called when a compile fails: it re-raises,
-        or the rest runs eagerly."""
+        or the rest runs eagerly. A DTensor parameter steps its local shard eagerly, the same parameter
+        on every rank in the same order (``gradwise.state.shards``: encoding it may all-reduce)."""
         wanted = frozenset(phase.state)
         parts_out = []
         for i, (p, state, position) in enumerate(zip(params, states, positions)):
@@ -102,13 +102,17 @@ class EncodedState:
             encoded = tuple((b, tag) for b, tag in encoded if b in wanted)
             specs = self._specs_for(encoded)
             plain = {k: local(state[k]) for k in plain_keys if k in wanted}
-            parts = {buffer: parts_of(state, buffer, tag) for buffer, tag in encoded}
+            parts = {buffer: _local_parts(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
-            rounding = rounding_rows([seed(step, position, "param")], [0], p.device) \
-                if rounds_stochastically(static, p.dtype) else None
+            shard = LocalShard.of(p)
+            rounding = rounding_rows([seed(step, position, "param")], [0 if shard is None else shard.offset],
+                                     p.device) if rounds_stochastically(static, p.dtype) else None
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
                     None if outputs is None else local(outputs[i]))
+            if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
+                parts_out.append(coded_step(phase, *args, shard=shard))
+                continue
             if compiled and p.numel() >= 2:
                 if phase not in self._compiled:
                     self._compiled[phase] = CompiledCodedStep(phase)
@@ -133,9 +137,11 @@ class EncodedState:
 
     # ------------------------------------------------------------- checkpoints
     @staticmethod
-    def expected_parts(tag: str, shape: torch.Size, signed: bool) -> dict[str, Tensor]:
-        """The parts (meta tensors) of a buffer of ``shape`` encoded as ``tag``, to check a checkpoint by."""
-        return codec_from(tag).empty(shape, signed, torch.device("meta"))
+    def expected_parts(tag: str, shape: torch.Size, signed: bool, param: Tensor | None = None) -> dict[str, Tensor]:
+        """The parts (meta tensors) of a buffer of ``shape`` encoded as ``tag``, to check a checkpoint by;
+        for a DTensor ``param``, the global shapes of its parts' DTensors."""
+        shard = LocalShard.whole(shape) if isinstance(param, DTensor) else None
+        return codec_from(tag).empty(shape, signed, torch.device("meta"), shard)
 
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         """Put encoded parts back exactly as saved (torch.optim casts floating state to the parameter's
@@ -158,7 +164,7 @@ class EncodedState:
                           " is not bit-identical", stacklevel=3)
 
     def _convert(self, state: dict[str, Tensor], p: Tensor, name: str | None, position: int) -> list[tuple[str, str]]:
-        codec = self.codec_for(p, name)
+        codec, shard = self.codec_for(p, name), LocalShard.of(p)
         done = []
         for buffer in self.transform.state:
             if not has_buffer(state, buffer):
@@ -171,10 +177,15 @@ class EncodedState:
             wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
-            value = take(state, buffer, p.shape, signed, state_dtype(p))
-            store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer))
+            value = take(state, buffer, p.shape, signed, state_dtype(p), shard)
+            store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), shard)
             done.append((current, wanted))
         return done
+
+
+def _local_parts(state: Mapping[str, Tensor], buffer: str, tag: str) -> dict[str, Tensor]:
+    """The parts of ``buffer``, each its local tensor (a DTensor parameter's parts are DTensors)."""
+    return {part: local(value) for part, value in parts_of(state, buffer, tag).items()}
 
 
 def _named(param_groups: list[dict[str, Any]]):

@@ -20,6 +20,7 @@ from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
 from gradwise.state.codec import Codec
+from gradwise.state.shards import LocalShard
 
 logger = logging.getLogger("gradwise")
 
@@ -29,20 +30,22 @@ Specs = tuple[tuple[str, Codec, bool], ...]
 
 def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
                parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static,
-               rounding: Tensor | None = None, output: Tensor | None = None) -> dict[str, Tensor]:
+               rounding: Tensor | None = None, output: Tensor | None = None, shard: LocalShard | None = None
+               ) -> dict[str, Tensor]:
     """One phase of ``p <- p + chain(g)`` (``grad``: the phase's input; ``output``: as ``run_chain``'s)
     with the state in ``specs`` decoded from ``parts``, and the buffers the phase writes encoded back
-    (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically). Returns the
-    parts of the next phase's reductions."""
+    (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically; ``shard``: a
+    DTensor parameter's, whose local shard ``param`` is). Returns the parts of the next phase's
+    reductions."""
     state = dict(plain)
     dtype = state_dtype(param)
     for buffer, codec, signed in specs:
-        state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype)
+        state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype, shard)
     reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static, rounding,
                         None if output is None else [output])
     for i, (buffer, codec, signed) in enumerate(specs):
         if buffer in phase.writes:
-            codec.encode(state[buffer], parts[buffer], signed, seeds[i])
+            codec.encode(state[buffer], parts[buffer], signed, seeds[i], shard)
     return reduced
 
 

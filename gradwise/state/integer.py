@@ -22,7 +22,8 @@ loss over 3 seeds relative to float32 on an MLP with outlier input features):
 
 ``normalization=`` (``"block"`` or ``"rank1"``) and ``rounding=`` (``"nearest"`` or ``"stochastic"``)
 override both kinds of buffer; 0-d and 1-d buffers, and empty ones (no row or column to take a
-maximum over), always use blocks.
+maximum over), always use blocks. A DTensor parameter's buffer is encoded shard by shard with the
+blocks, scales and random bits of its logical tensor (``gradwise.state.shards``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ from gradwise.state.quantize import (
     encode_rank1,
     pack4,
     unpack4,
+)
+from gradwise.state.shards import (
+    decode_blocks_on_shard,
+    decode_rank1_on_shard,
+    encode_blocks_on_shard,
+    encode_rank1_on_shard,
+    pack_rows,
+    unpack_rows,
 )
 
 _NORMALIZATIONS = ("default", "block", "rank1")
@@ -77,7 +86,9 @@ class Quantized(Codec):
         rank1 = normalization == "rank1" and len(shape) >= 2 and shape.numel() > 0
         return rank1, kind, rounding == "stochastic"
 
-    def empty(self, shape, signed, device):
+    def empty(self, shape, signed, device, shard=None):
+        if shard is not None:
+            return self._empty_on_shard(shard, signed, device)
         numel = shape.numel()
         codes = numel if self.bits == 8 else (numel + 1) // 2
         parts = {"codes": torch.zeros(codes, dtype=torch.uint8, device=device)}
@@ -88,22 +99,51 @@ class Quantized(Codec):
             parts["absmax"] = torch.zeros(n_blocks(numel, self.block_size), dtype=torch.float32, device=device)
         return parts
 
-    def encode(self, x, parts, signed, seed):
-        rank1, _, stochastic = self.layout(x.shape, signed)
-        values = self.maps[signed]
-        seed = seed if stochastic else None
-        if not rank1:
-            encode_blocks(x, self.block_size, values, signed, seed, parts["codes"], parts["absmax"], self.bits)
-            return
-        codes, row_max, col_max = encode_rank1(x, values, signed, seed)
-        parts["row_max"].copy_(row_max)
-        parts["col_max"].copy_(col_max)
-        parts["codes"].copy_(codes if self.bits == 8 else pack4(codes))
+    def _empty_on_shard(self, shard, signed, device):
+        """A DTensor parameter's local parts, rows first (``gradwise.state.shards``)."""
+        rows = shard.local_rows
+        parts = {"codes": torch.zeros(rows, shard.row_bytes(self.bits), dtype=torch.uint8, device=device)}
+        if self.layout(shard.shape, signed)[0]:
+            parts["row_max"] = torch.zeros(rows, dtype=torch.float32, device=device)
+            parts["col_max"] = torch.zeros(shard.row_numel, dtype=torch.float32, device=device)
+        else:
+            size = (shard.vector_blocks(self.block_size),) if shard.is_vector else \
+                (rows, shard.table_width(self.block_size))
+            parts["absmax"] = torch.zeros(size, dtype=torch.float32, device=device)
+        return parts
 
-    def decode(self, parts, shape, signed, dtype) -> Tensor:
-        rank1 = self.layout(shape, signed)[0]
-        codes = parts["codes"] if self.bits == 8 else unpack4(parts["codes"])
+    def replicated_parts(self, shape, signed):
+        if self.layout(shape, signed)[0]:
+            return ("col_max",)
+        return ("absmax",) if len(shape) <= 1 else ()
+
+    def encode(self, x, parts, signed, seed, shard=None):
+        rank1, _, stochastic = self.layout(x.shape if shard is None else shard.shape, signed)
+        values, seed = self.maps[signed], seed if stochastic else None
+        if not rank1 and shard is None:
+            encode_blocks(x, self.block_size, values, signed, seed, parts["codes"], parts["absmax"], self.bits)
+        elif not rank1:
+            encode_blocks_on_shard(x, self.block_size, values, signed, seed, shard, parts, self.bits)
+        else:
+            if shard is None:
+                codes, row_max, col_max = encode_rank1(x, values, signed, seed)
+                codes = codes if self.bits == 8 else pack4(codes)
+            else:
+                codes, row_max, col_max = encode_rank1_on_shard(x, values, signed, seed, shard)
+                codes = pack_rows(codes, shard, self.bits)
+            parts["codes"].copy_(codes)
+            parts["row_max"].copy_(row_max)
+            parts["col_max"].copy_(col_max)
+
+    def decode(self, parts, shape, signed, dtype, shard=None) -> Tensor:
+        rank1 = self.layout(shape if shard is None else shard.shape, signed)[0]
         values = self.maps[signed]
+        if shard is not None:
+            codes = unpack_rows(parts["codes"], shard, self.bits)
+            decoded = decode_rank1_on_shard(codes, parts["row_max"], parts["col_max"], values, shard) if rank1 \
+                else decode_blocks_on_shard(codes, parts["absmax"], self.block_size, values, shard)
+            return decoded.view(shape).to(dtype)
+        codes = parts["codes"] if self.bits == 8 else unpack4(parts["codes"])
         if rank1:
             return decode_rank1(codes, parts["row_max"], parts["col_max"], values, shape).to(dtype)
         return decode_blocks(codes, parts["absmax"], self.block_size, values, shape).to(dtype)

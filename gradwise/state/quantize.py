@@ -50,6 +50,16 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     return torch.where(finite, codes, code_map.nan_code)
 
 
+def block_pieces(numel: int, block: int, offset: int = 0) -> list[tuple[int, int, int]]:
+    """``(start, stop, blocks)`` of the runs of a flat buffer that fill blocks alike, for a buffer whose
+    first element is element ``offset`` of the logical tensor (a shard's): the end of a block begun
+    before it, whole blocks, then the start of one it ends in; empty runs left out."""
+    head = min(numel, -offset % block)
+    whole = head + (numel - head) // block * block
+    runs = ((0, head, 1), (head, whole, (whole - head) // block), (whole, numel, 1))
+    return [run for run in runs if run[1] > run[0]]
+
+
 def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: Tensor | None,
                   codes: Tensor, absmax: Tensor, bits: int = 8) -> None:
     """Write the codes of ``x`` (``bits`` per element, packed two per byte when 4) and one float32
@@ -57,10 +67,7 @@ def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: 
     last block) are encoded separately, each into its own slice: no padded or concatenated copy of
     the buffer is made, and a compiled step reads and writes every element exactly once."""
     flat = x.reshape(-1).float()
-    whole = flat.numel() // block * block
-    for start, stop, rows in ((0, whole, whole // block), (whole, flat.numel(), 1)):
-        if stop == start:
-            continue
+    for start, stop, rows in block_pieces(flat.numel(), block):
         piece = flat[start:stop].view(rows, -1)
         scale = finite_absmax(piece, 1)
         piece_codes = to_codes(piece, scale, code_map, signed, seed, start=start).view(-1)

@@ -10,31 +10,42 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.params import local
 from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.state.codec import Codec, codec_from
+from gradwise.state.shards import LocalShard
 
 
 def store(state: dict[str, Tensor], buffer: str, value: Tensor, codec: Codec | None, signed: bool,
-          seed_value: int) -> None:
-    """Put ``value`` into ``state`` as ``buffer``, encoded by ``codec`` (``None``: as it is)."""
+          seed_value: int, shard: LocalShard | None = None) -> None:
+    """Put ``value`` into ``state`` as ``buffer``, encoded by ``codec`` (``None``: as it is). With
+    ``shard`` (a DTensor parameter's, ``value`` a DTensor like it), the parts are DTensors whose rows
+    are the parameter's (``gradwise.state.shards``); encoding them is a collective."""
     if codec is None:
         state[buffer] = value
         return
-    parts = codec.empty(value.shape, signed, value.device)
-    codec.encode(value, parts, signed, torch.tensor(seed_value, dtype=torch.int64, device=value.device))
+    x = local(value)
+    parts = codec.empty(x.shape, signed, x.device, shard)
+    codec.encode(x, parts, signed, torch.tensor(seed_value, dtype=torch.int64, device=x.device), shard)
+    whole = () if shard is None else codec.replicated_parts(shard.shape, signed)
     for part, tensor in parts.items():
-        state[f"{buffer}{MARK}{codec.tag}.{part}"] = tensor
+        state[f"{buffer}{MARK}{codec.tag}.{part}"] = tensor if shard is None else shard.dtensor(tensor, part in whole)
 
 
-def take(state: dict[str, Tensor], buffer: str, shape: torch.Size, signed: bool, dtype: torch.dtype) -> Tensor:
-    """Remove ``buffer`` from ``state``, decoded if it was encoded."""
+def take(state: dict[str, Tensor], buffer: str, shape: torch.Size, signed: bool, dtype: torch.dtype,
+         shard: LocalShard | None = None) -> Tensor:
+    """Remove ``buffer`` from ``state``, decoded if it was encoded (``shape``: the parameter's; with
+    ``shard``, a DTensor like the parameter)."""
     if buffer in state:
         return state.pop(buffer)
     tag = next(t for b, t in layout(tuple(state))[1] if b == buffer)
     parts = parts_of(state, buffer, tag)
     for part in parts:
         del state[f"{buffer}{MARK}{tag}.{part}"]
-    return codec_from(tag).decode(parts, shape, signed, dtype)
+    if shard is None:
+        return codec_from(tag).decode(parts, shape, signed, dtype)
+    decoded = codec_from(tag).decode({k: local(v) for k, v in parts.items()}, shard.local_shape, signed, dtype, shard)
+    return shard.dtensor(decoded)
 
 
 def stored_as(state: Mapping[str, Tensor], buffer: str) -> str:
