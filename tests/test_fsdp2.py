@@ -3,7 +3,8 @@
 One spawn per world size (2, and 4 for a subset) runs every check, so torch is imported and the
 process group built once per world size:
 
-* every recipe of the registry (one case each, with Ranger21's MADGRAD and AdaBelief variants) steps a
+* every recipe of the registry (one case each, with Ranger21's MADGRAD and AdaBelief variants, and
+  with ``state="int8"`` where it takes encoded state; Muon also bf16 and int4) steps a
   sharded MLP (uneven shards, an empty shard, biases) as the same recipe steps an unsharded copy fed
   the same gradients (the sharded model's, gathered): bit-identical where the math runs on shards
   (elementwise links) or on one owner (whole-tensor links: ``core/owned.py``); within float32
@@ -53,6 +54,10 @@ CASES = [(c.name + ("[compiled]" if compiled else ""), c.recipe.__name__, {**c.e
          for c in ONE_PER_RECIPE for compiled in (False, True) if not compiled or c.recipe.__name__ in COMPILED]
 CASES += [("ranger21-" + option, "Ranger21", {**ENTRY[Ranger21].required, option: True, "lr": 0.03}, False)
           for option in ("use_madgrad", "use_adabelief")]
+#: every recipe that takes ``state=`` also with int8 state (on shards, on owners, or both: Muon's momentum is
+#: encoded on shards and its matrices orthogonalized on their owners), and Muon in every format
+CASES += [(f"{c.name}-{fmt}", c.recipe.__name__, {**c.entry.required, **c.kwargs, "state": fmt}, False)
+          for c in ONE_PER_RECIPE if c.entry.state for fmt in ("int8", *(("bf16", "int4") if c.name == "muon" else ()))]
 #: the cases also run on 4 ranks (every rank owns some matrix; one holds no row of two layers)
 ON_FOUR = ("adamw", "muon", "shampoo", "ranger21", "adafactor")
 #: the cases also run on 4 ranks as HSDP (a 2 x 2 mesh: replicated over the first dimension)
