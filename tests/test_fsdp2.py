@@ -34,7 +34,7 @@ import os
 import pytest
 import torch
 
-from gradwise import Ranger21
+from gradwise import Ranger21, StatePolicy
 from tests.distributed_harness import labelled, needs_gloo, spawn
 from tests.registry import ENTRY, ONE_PER_RECIPE
 
@@ -56,7 +56,9 @@ CASES += [("ranger21-" + option, "Ranger21", {**ENTRY[Ranger21].required, option
           for option in ("use_madgrad", "use_adabelief")]
 #: every recipe that takes ``state=`` also with int8 state (on shards, on owners, or both: Muon's momentum is
 #: encoded on shards and its matrices orthogonalized on their owners), and Muon in every format
-CASES += [(f"{c.name}-{fmt}", c.recipe.__name__, {**c.entry.required, **c.kwargs, "state": fmt}, False)
+#: (every buffer encoded, the tiny ones too: ``min_numel=0``)
+CASES += [(f"{c.name}-{fmt}", c.recipe.__name__,
+           {**c.entry.required, **c.kwargs, "state": StatePolicy(fmt, min_numel=0)}, False)
           for c in ONE_PER_RECIPE if c.entry.state for fmt in ("int8", *(("bf16", "int4") if c.name == "muon" else ()))]
 #: the cases also run on 4 ranks (every rank owns some matrix; one holds no row of two layers)
 ON_FOUR = ("adamw", "muon", "shampoo", "ranger21", "adafactor")
@@ -138,7 +140,12 @@ def _check_state_dict(label: str, model, optimizer) -> None:
         owner = optimizer.owner(p)
         for key, value in saved["state"][index].items():
             assert key == "step" or key.split("@")[0] in here, f"{label}: rank saves state[{index}][{key!r}]"
-            if isinstance(value, DTensor):
+            if isinstance(value, DTensor) and "@" in key:  # a part of an encoded buffer: the parameter's rows
+                assert value.device_mesh == p.device_mesh, f"{label}: state[{index}][{key!r}] on another mesh"
+                assert all(q.is_replicate() for q in value.placements) or (
+                    value.placements == p.placements and value.to_local().shape[0] == p.to_local().shape[0]), (
+                    f"{label}: state[{index}][{key!r}] placed {value.placements}, local {value.to_local().shape}")
+            elif isinstance(value, DTensor):
                 assert value.placements == p.placements and value.device_mesh == p.device_mesh, (
                     f"{label}: state[{index}][{key!r}] placed {value.placements}, its parameter {p.placements}")
                 assert value.to_local().shape == p.to_local().shape, f"{label}: state[{index}][{key!r}] local shape"

@@ -51,6 +51,7 @@ class Phase(Transform):
                  reads_grads: bool, last: bool, moves: bool = False, owned: bool = False):
         self._links, self.reducer, self.reads_grads, self.last, self.moves = links, reducer, reads_grads, last, moves
         self.owned = owned
+        self.run_start = self.run_end = self.run_reads_params = self.run_writes_params = False
         self.writes = tuple(_keys(links if reducer is None or not reducer[1].prepares else [*links, reducer]))
         self.state = tuple(dict.fromkeys([*self.writes, *_keys([reducer] if reducer else [])]))
         # a reducer that prepares sees whole tensors
@@ -124,7 +125,29 @@ def plan(transform: Transform, compiled: bool, sharded: bool = False) -> tuple[P
             phases.append(phase)
             reads_grads = reads_grads and not part
         owned_reducer = reducer if phases and phases[-1].owned else None
+    _mark_owned_runs(phases)
     return tuple(phases)
+
+
+def _mark_owned_runs(phases: list[Phase]) -> None:
+    """Consecutive owned phases share one gather and one scatter: the owner keeps the whole tensors
+    between them. Each owned phase learns whether it starts its run (``run_start``: it gathers, the
+    parameters too where a phase of the run reads or writes them, ``run_reads_params``), ends it
+    (``run_end``: it scatters) and whether the run writes the parameters (``run_writes_params``)."""
+    start = 0
+    while start < len(phases):
+        if not phases[start].owned:
+            start += 1
+            continue
+        stop = start
+        while stop + 1 < len(phases) and phases[stop + 1].owned:
+            stop += 1
+        run = phases[start:stop + 1]
+        for ph in run:
+            ph.run_start, ph.run_end = ph is run[0], ph is run[-1]
+            ph.run_reads_params = any(q.reads_params for q in run)
+            ph.run_writes_params = any(q.last or q.moves for q in run)
+        start = stop + 1
 
 
 def owned_namespaces(phases: tuple[Phase, ...]) -> set[str]:

@@ -80,6 +80,12 @@ class ShardedStep:
         owned link's state lives on another rank)."""
         return [_key(n, k) for n, t in self._homed_here(p, group) for k in t.state]
 
+    def held_whole(self, p: Tensor, group: Mapping[str, Any]) -> set[str]:
+        """The state keys of a sharded ``p`` held as whole tensors (its whole-tensor links', on its owner);
+        the rest are sharded like ``p``."""
+        owned = self._owned_links(group) if sharding(p) is not None else set()
+        return {_key(n, k) for n, t in _links(self.transform.for_group(group)) if n in owned for k in t.state}
+
     def _sharded_init(self, p: Tensor, group: Mapping[str, Any]) -> dict[str, Tensor]:
         """Fresh state of a sharded ``p``: DTensors sharded like it for the links that run on shards,
         whole tensors for the owned links, on the owner. A collective (every rank calls it for the
@@ -95,37 +101,39 @@ class ShardedStep:
 
     # ----------------------------------------------------------------- owned phases
     def _run_owned(self, bucket, phase: Phase) -> list[dict[str, Tensor]]:
-        """Run an owned phase on the bucket's sharded parameters (``core/owned.py``)."""
+        """Run an owned phase on the bucket's sharded parameters (``core/owned.py``): the first phase of a
+        run of owned phases gathers the whole tensors to their owners, which keep them (``bucket.whole``)
+        for the rest of the run; the last scatters the results back."""
         from gradwise.core.stepping import Bucket
 
-        layouts = bucket.sharding
-        owners = [self._owner(p) for p in bucket.params]
         views = [local(p) for p in bucket.params]
-        inputs = [local(x) for x in bucket.inputs]
-        shapes = [_whole_shape(p) for p in bucket.params]
-        dtype = state_dtype(views[0])
-        pieces = [[v, x] if phase.reads_params else [x] for v, x in zip(views, inputs)]
-        whole = gather(pieces, layouts, owners, shapes, self.traffic)
-        mine = sorted(whole)
-        parts: list[dict[str, Tensor]] = []
-        if mine:
-            params = [whole[i][0] if phase.reads_params else torch.empty(shapes[i], dtype=views[i].dtype,
-                                                                          device=views[i].device) for i in mine]
-            owned = Bucket(bucket.group, bucket.phases, params, [bucket.states[i] for i in mine], bucket.values,
-                           bucket.layout, bucket.static, [whole[i][-1] for i in mine],
-                           keys=[bucket.params[i] for i in mine])
-            parts = self._run_phase(owned, phase)
-            results = owned.params if phase.last or phase.moves else owned.inputs
-        else:
-            results = []
-        writes = phase.last or phase.moves
-        back = scatter(dict(zip(mine, results)), layouts, owners,
-                       views if writes else [torch.empty_like(x, dtype=dtype) for x in inputs], self.traffic)
-        if writes:
-            for view, value in zip(views, back):
-                view.copy_(value)
-        else:
-            bucket.inputs = back
+        owners = [self._owner(p) for p in bucket.params]
+        if phase.run_start:
+            inputs = [local(x) for x in bucket.inputs]
+            shapes = [_whole_shape(p) for p in bucket.params]
+            pieces = [[v, x] if phase.run_reads_params else [x] for v, x in zip(views, inputs)]
+            whole = gather(pieces, bucket.sharding, owners, shapes, self.traffic)
+            mine = sorted(whole)
+            params = [whole[i][0] if phase.run_reads_params else
+                      torch.empty(shapes[i], dtype=views[i].dtype, device=views[i].device) for i in mine]
+            bucket.whole = Bucket(bucket.group, bucket.phases, params, [bucket.states[i] for i in mine],
+                                  bucket.values, bucket.layout, bucket.static, [whole[i][-1] for i in mine],
+                                  keys=[bucket.params[i] for i in mine])
+        owned = bucket.whole
+        owned.values, owned.layout = bucket.values, bucket.layout  # with this round's totals
+        parts = self._run_phase(owned, phase) if owned.params else []
+        if phase.run_end:
+            index = {id(p): i for i, p in enumerate(bucket.params)}
+            mine = [index[id(k)] for k in owned.keys]
+            if phase.run_writes_params:
+                for view, value in zip(views, scatter(dict(zip(mine, owned.params)), bucket.sharding, owners, views,
+                                                      self.traffic)):
+                    view.copy_(value)
+            if not phase.last:
+                outputs = [torch.empty_like(local(x), dtype=state_dtype(views[0])) for x in bucket.inputs]
+                bucket.inputs = scatter(dict(zip(mine, owned.inputs)), bucket.sharding, owners, outputs,
+                                        self.traffic)
+            bucket.whole = None
         return parts
 
     # ----------------------------------------------------------------- statistics over ranks

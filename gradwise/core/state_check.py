@@ -164,9 +164,11 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
     if not saved_state:
         return {}
     expected = expected_state(optimizer, p, group)
-    if sharding(p) is not None:  # an owned link's state lives on the parameter's owner only
+    whole = set()
+    if sharding(p) is not None:  # an owned link's state lives on the parameter's owner only, whole
         here = set(optimizer.keys_here(p, group))
         expected = {k: v for k, v in expected.items() if k in here}
+        whole = optimizer.held_whole(p, group)
     extra = getattr(optimizer, "extra_state", {})
     plain, encoded = layout(tuple(saved_state))
     found = set(plain) | {b for b, _ in encoded}
@@ -187,7 +189,8 @@ def _checked_state(optimizer, saved_id, saved_state: Any, p: Tensor, group: Mapp
         shape, dtype = expected[buffer]
         signed = buffer not in nonnegative
         parts = parts_of(saved_state, buffer, tag)
-        for part, want in optimizer.storage.expected_parts(tag, shape, signed, p).items():
+        for part, want in optimizer.storage.expected_parts(tag, shape, signed,
+                                                                     None if buffer in whole else p).items():
             have = parts.get(part)
             if not isinstance(have, Tensor) or have.shape != want.shape or have.dtype != want.dtype:
                 raise ValueError(f"state of {label}: encoded {buffer!r} ({tag}) part {part!r} is"

@@ -53,6 +53,8 @@ class Bucket:
     #: the optimizer's parameters these stand for (their positions seed, their buffers are kept by), when
     #: ``params`` are an owner's whole copies of them
     keys: list[Tensor] | None = None
+    #: during a run of owned phases, the owner's whole copies of its parameters (``ShardedStep._run_owned``)
+    whole: "Bucket | None" = None
 
     def key(self, i: int) -> Tensor:
         return self.params[i] if self.keys is None else self.keys[i]

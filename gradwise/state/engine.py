@@ -65,8 +65,9 @@ class EncodedState:
             if has_buffer(state, buffer):
                 continue
             encode = codec is not None and self.encodable(buffer, value, p)
+            # the state of a sharded parameter's whole-tensor links is whole, on its owner (core/owned.py)
             store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative,
-                  seed(0, position, buffer), shard)
+                  seed(0, position, buffer), shard if isinstance(value, DTensor) else None)
 
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:
@@ -77,10 +78,11 @@ class EncodedState:
         Schedule-Free ``set_mode`` reads z to move the parameters between y and x)."""
         plain_keys, encoded = layout(tuple(state))
         buffers = {k: local(state[k]) for k in plain_keys if k != "step"}
-        shard = LocalShard.of(p)
         for buffer, tag in encoded:
             signed = buffer not in self.nonnegative
-            buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag), local(p).shape, signed,
+            shard = _shard_of(state, buffer, p)
+            buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag),
+                                                     p.shape if shard is None else local(p).shape, signed,
                                                      state_dtype(p), shard)
         return buffers
 
@@ -164,7 +166,7 @@ class EncodedState:
                           " is not bit-identical", stacklevel=3)
 
     def _convert(self, state: dict[str, Tensor], p: Tensor, name: str | None, position: int) -> list[tuple[str, str]]:
-        codec, shard = self.codec_for(p, name), LocalShard.of(p)
+        codec = self.codec_for(p, name)
         done = []
         for buffer in self.transform.state:
             if not has_buffer(state, buffer):
@@ -177,10 +179,18 @@ class EncodedState:
             wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
-            value = take(state, buffer, p.shape, signed, state_dtype(p), shard)
-            store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), shard)
+            here = _shard_of(state, buffer, p)
+            value = take(state, buffer, p.shape, signed, state_dtype(p), here)
+            store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), here)
             done.append((current, wanted))
         return done
+
+
+def _shard_of(state: Mapping[str, Tensor], buffer: str, p: Tensor) -> LocalShard | None:
+    """The shard ``buffer`` (plain or encoded) holds: the parameter's, or None for a buffer held whole (a
+    plain parameter's, or the state of a sharded parameter's whole-tensor link, on its owner)."""
+    values = [state[buffer]] if buffer in state else parts_of(state, buffer, stored_as(state, buffer)).values()
+    return LocalShard.of(p) if any(isinstance(v, DTensor) for v in values) else None
 
 
 def _local_parts(state: Mapping[str, Tensor], buffer: str, tag: str) -> dict[str, Tensor]:

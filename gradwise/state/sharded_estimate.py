@@ -12,12 +12,14 @@ rows only, their 0-d buffers whole; the links of owned phases keep their whole s
 nothing elsewhere; each buffer is sized as ``gradwise.estimate`` sizes it (its codec's bytes, for the
 rows held); plus the 0-d step counter of every parameter.
 
-Bytes sent per step (``core/collectives.py`` counts them so): for each owned phase and bucket (a
-group's parameters of one dtype), a gather all-to-all (each rank sends the owner its rows of the
-phase's input, and of the parameter when the phase reads it) and a scatter all-to-all (the owner
-sends each rank its rows of the result), in float32 (float64 for float64 parameters), nothing for what
-a rank keeps; for each round of phases that reduces statistics, one all-reduce of 8 bytes per
-statistic for each op (sum, max, any, skip). FSDP2's own all-gathers and reduce-scatters are not counted.
+Bytes sent per step (``core/collectives.py`` counts them so): for each run of consecutive owned phases
+and each bucket (a group's parameters of one dtype), a gather all-to-all at its start (each rank sends
+the owner its rows of the run's input, and of the parameter when a phase of the run reads it) and at its
+end a scatter all-to-all of the parameters (when the run writes them) and one of the result (unless the
+run ends the step): the owner sends each rank its rows, in float32 (float64 for float64 parameters),
+nothing for what a rank keeps; for each round of phases that reduces statistics, one all-reduce of 8
+bytes per statistic for each op (sum, max, any, skip).
+FSDP2's own all-gathers and reduce-scatters are not counted.
 The step is taken with every parameter at the same step count and, where chains have guards, with every
 group's guard in the same round (else the engine adds buckets, or shifts rounds, that this does not see).
 """
@@ -151,9 +153,8 @@ def _traffic(groups: list[tuple[dict, tuple[Phase, ...]]], owners: dict[int, int
                for name, op in phases[r].reducer[1].reductions.items()}
         for phases, members in buckets:
             phase = phases[r] if r < len(phases) else None
-            if phase is not None and phase.owned and (phase.links() or phase.reducer):
-                _owned_phase(phase, members, owners, sent)
-                collectives += 2
+            if phase is not None and phase.owned:
+                collectives += _owned_phase(phase, members, owners, sent)
         for op in REDUCED_OPS:
             count = sum(1 for o in ops.values() if o == op)
             if count:
@@ -162,16 +163,18 @@ def _traffic(groups: list[tuple[dict, tuple[Phase, ...]]], owners: dict[int, int
     return sent, collectives
 
 
-def _owned_phase(phase: Phase, members: list[Tensor], owners: dict[int, int], sent: list[int]) -> None:
-    """Add to ``sent`` what an owned phase's gather and scatter send, for one bucket."""
+def _owned_phase(phase: Phase, members: list[Tensor], owners: dict[int, int], sent: list[int]) -> int:
+    """Add to ``sent`` what an owned phase's gather and scatters send, for one bucket; the collectives."""
     wire = 8 if members[0].dtype == torch.float64 else 4
-    width = 2 if phase.reads_params else 1
+    gathered = (2 if phase.run_reads_params else 1) if phase.run_start else 0
+    scattered = (int(phase.run_writes_params) + int(not phase.last)) if phase.run_end else 0
     for p in members:
         owner = owners[id(p)]
         for rank, count in enumerate(Sharding(None, len(sent), 0, tuple(p.shape)).counts()):
             if rank != owner:
-                sent[rank] += width * count * wire  # gather: its rows to the owner
-                sent[owner] += count * wire  # scatter: the owner sends them back
+                sent[rank] += gathered * count * wire  # gather: its rows to the owner
+                sent[owner] += scattered * count * wire  # scatter: the owner sends them back
+    return int(gathered > 0) + scattered
 
 
 def _by_dtype(params: list[Tensor]) -> list[list[Tensor]]:
