@@ -60,10 +60,7 @@ def _measure(recipe: str, kwargs: dict, mesh, rank: int) -> dict:
     for step in range(2):
         model(_tokens(step, rank)).square().mean().backward()
         before = optimizer.comm_stats
-        try:
-            optimizer.step()
-        except NotImplementedError as error:
-            return {"refused": str(error)}
+        optimizer.step()
         optimizer.zero_grad()
     after = optimizer.comm_stats
     state = sum(local(v).nbytes for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
@@ -110,17 +107,12 @@ def test_estimate_equals_what_fsdp2_ranks_hold_and_send(measured, world, mesh_la
     expected = gradwise.estimate_sharded(_model(), recipe, **({"mesh": shape} if len(shape) == 2 else
                                                                 {"world_size": world}), **kwargs)
     reports = [ranks[f"{mesh_label}/{label}"] for ranks in measured(world)]
-    refusals = {r["refused"] for r in reports if "refused" in r}
-    if refusals:
-        if label != "AdamW-int8":
-            pytest.fail(f"{label} refused FSDP2 shards: {refusals}")
-        pytest.skip(f"encoded state on shards is refused on this branch: {refusals.pop()}")
     shards = shape[-1]
     # rank r of the world is shard r % shards of its replica group (init_device_mesh's row-major layout)
     assert [r["state"] for r in reports] == [expected.state[r % shards] for r in range(world)]
     assert [r["sent"] for r in reports] == [expected.sent[r % shards] for r in range(world)]
     assert [r["collectives"] for r in reports] == [expected.collectives] * world
-    if label != "AdamW" and label != "AdamW-int8":
+    if label != "AdamW":
         assert max(expected.sent) > 0, f"{label}: the estimate says nothing is sent; the check would be vacuous"
 
 

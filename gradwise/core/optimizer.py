@@ -115,6 +115,7 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         self._use_compiled: bool | None = None if compile == "auto" else compile
         self._compiled: dict[Phase, CompiledStep] = {}  # one per phase that runs (of each route's chain)
         self.storage = storage_for(state, transform)  # where state buffers live: float32, or encoded
+        self.storage.traffic = self.traffic  # what encoding sharded state sends is this optimizer's traffic
         reason = getattr(type(self), "state_refusal", None) if self.storage.policy is not None else None
         if reason:
             raise state_refused(type(self), state, reason)

@@ -12,6 +12,8 @@ formats:
 - ``expected_parts(tag, shape, signed, param)`` (the meta tensors a buffer encoded as ``tag`` is made
   of, for ``param``: a checkpoint is checked against them) and ``after_load(optimizer, state_dict)``: loading;
 - ``compile_stats``: ``(graphs, seconds)`` that ``run`` compiled;
+- ``traffic``: set by the optimizer, where the collectives the storage runs are counted (encoding a
+  sharded parameter's state may all-reduce block maxima: ``core/collectives.py``);
 - ``policy``: the ``state=`` it was built from (``None``: float32). A copy or a pickle of the
   optimizer builds its storage afresh from it (compiled graphs are not copied).
 
@@ -62,6 +64,7 @@ class PlainStorage:
 
     policy = None
     compile_stats = (0, 0.0)
+    traffic = None  # it runs no collective
 
     def __init__(self, transform: Transform):
         self.transform = transform

@@ -40,6 +40,10 @@ class Codec:
         parts of a DTensor parameter's buffer (``shape``: the local shard's)."""
         raise NotImplementedError
 
+    def all_reduced(self, shard: LocalShard, signed: bool) -> int:
+        """float32 elements that one encode of a sharded buffer all-reduces (max) over its ranks."""
+        return 0
+
     def replicated_parts(self, shape: torch.Size, signed: bool) -> tuple[str, ...]:
         """The parts that every rank of a DTensor parameter of (logical) ``shape`` holds whole, not its
         rows' share."""

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.collectives import Traffic
 from gradwise.core.executor import rounding_rows
 from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
@@ -36,6 +37,8 @@ class EncodedState:
         self.weights_like = frozenset(transform.weights_like)
         self._compiled: dict[Phase, CompiledCodedStep] = {}  # one per phase that runs (chains of routes, phases)
         self._specs: dict[tuple, Specs] = {}
+        #: where the collectives of encoding sharded state are counted (set by the optimizer: its ``traffic``)
+        self.traffic: Traffic | None = None
 
     @classmethod
     def from_argument(cls, state: Any, transform: Transform) -> "EncodedState":
@@ -60,7 +63,7 @@ class EncodedState:
     # ------------------------------------------------------------- fresh state
     def init(self, state: dict[str, Tensor], fresh: Mapping[str, Tensor], p: Tensor, name: str | None,
              position: int) -> None:
-        codec, shard = self.codec_for(p, name), LocalShard.of(p)
+        codec, shard = self.codec_for(p, name), LocalShard.of(p, self.traffic)
         for buffer, value in fresh.items():
             if has_buffer(state, buffer):
                 continue
@@ -80,7 +83,7 @@ class EncodedState:
         buffers = {k: local(state[k]) for k in plain_keys if k != "step"}
         for buffer, tag in encoded:
             signed = buffer not in self.nonnegative
-            shard = _shard_of(state, buffer, p)
+            shard = _shard_of(state, buffer, p, self.traffic)
             buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag),
                                                      p.shape if shard is None else local(p).shape, signed,
                                                      state_dtype(p), shard)
@@ -107,7 +110,7 @@ class EncodedState:
             parts = {buffer: _local_parts(state, buffer, tag) for buffer, tag in encoded}
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
-            shard = LocalShard.of(p)
+            shard = LocalShard.of(p, self.traffic)
             rounding = rounding_rows([seed(step, position, "param")], [0 if shard is None else shard.offset],
                                      p.device) if rounds_stochastically(static, p.dtype) else None
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
@@ -179,18 +182,18 @@ class EncodedState:
             wanted = kept.tag if kept is not None else str(state_dtype(p)).replace("torch.float", "fp")
             if current == wanted:
                 continue
-            here = _shard_of(state, buffer, p)
+            here = _shard_of(state, buffer, p, self.traffic)
             value = take(state, buffer, p.shape, signed, state_dtype(p), here)
             store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), here)
             done.append((current, wanted))
         return done
 
 
-def _shard_of(state: Mapping[str, Tensor], buffer: str, p: Tensor) -> LocalShard | None:
+def _shard_of(state: Mapping[str, Tensor], buffer: str, p: Tensor, traffic: Traffic | None) -> LocalShard | None:
     """The shard ``buffer`` (plain or encoded) holds: the parameter's, or None for a buffer held whole (a
     plain parameter's, or the state of a sharded parameter's whole-tensor link, on its owner)."""
     values = [state[buffer]] if buffer in state else parts_of(state, buffer, stored_as(state, buffer)).values()
-    return LocalShard.of(p) if any(isinstance(v, DTensor) for v in values) else None
+    return LocalShard.of(p, traffic) if any(isinstance(v, DTensor) for v in values) else None
 
 
 def _local_parts(state: Mapping[str, Tensor], buffer: str, tag: str) -> dict[str, Tensor]:

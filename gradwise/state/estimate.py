@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from gradwise.state.engine import EncodedState
+from gradwise.state.shards import LocalShard
 
 #: the 0-d float32 step counter torch.optim keeps per parameter.
 STEP_BYTES = 4
@@ -157,13 +158,17 @@ def _estimate(optimizer: Any) -> StateEstimate:
 
 
 def stored_bytes(engine: EncodedState, codec: Any, buffer: str, value: Tensor, p: Tensor,
-                 rows: int | None = None) -> tuple[str, int]:
+                 shard: LocalShard | None = None) -> tuple[str, int]:
     """(format, bytes) of state ``buffer`` (fresh ``value``, of parameter ``p``, whose policy chose
-    ``codec``) as the optimizer stores it; ``rows``: of only that many leading rows of it (a rank's
-    shard of a buffer shaped like a sharded parameter)."""
-    shape = value.shape if rows is None else torch.Size((rows, *value.shape[1:]))
+    ``codec``) as the optimizer stores it; ``shard``: of only a rank's rows of it (a buffer shaped like
+    a sharded parameter, whose encoded parts are laid out by rows: ``gradwise.state.shards``)."""
+    shape = value.shape if shard is None else shard.local_shape
     if codec is not None and engine.encodable(buffer, value, p):
-        return codec.tag, codec.nbytes(shape, buffer not in engine.nonnegative)
+        signed = buffer not in engine.nonnegative
+        if shard is None:
+            return codec.tag, codec.nbytes(shape, signed)
+        parts = codec.empty(shape, signed, torch.device("meta"), shard)
+        return codec.tag, sum(t.numel() * t.element_size() for t in parts.values())
     return _dtype_label(value.dtype), shape.numel() * value.element_size()
 
 

@@ -117,6 +117,15 @@ class Quantized(Codec):
             return ("col_max",)
         return ("absmax",) if len(shape) <= 1 else ()
 
+    def all_reduced(self, shard, signed) -> int:
+        """float32 elements one encode of a sharded buffer all-reduces (``gradwise.state.shards``): every
+        block scale of a vector, the scales of the blocks a shard boundary cuts, or the column maxima."""
+        if shard.split is None:
+            return 0
+        if self.layout(shard.shape, signed)[0]:
+            return shard.row_numel
+        return shard.vector_blocks(self.block_size) if shard.is_vector else len(shard.cut_blocks(self.block_size))
+
     def encode(self, x, parts, signed, seed, shard=None):
         rank1, _, stochastic = self.layout(x.shape if shard is None else shard.shape, signed)
         values, seed = self.maps[signed], seed if stochastic else None

@@ -37,6 +37,7 @@ from gradwise.core.phases import Phase, owned_namespaces, plan
 from gradwise.core.sharding import Sharding
 from gradwise.state.engine import EncodedState
 from gradwise.state.estimate import STEP_BYTES, meta_optimizer, stored_bytes
+from gradwise.state.shards import LocalShard
 
 #: the op kinds whose statistics ``ShardedStep`` all-reduces, each in a collective of its own
 REDUCED_OPS = ("sum", "max", "any", "skip")
@@ -93,6 +94,8 @@ def estimate_sharded(model: Any, optimizer_or_recipe: Any, world_size: int | Non
     owners = dict(zip(map(id, owned), assign_owners([owner_cost(tuple(p.shape)) for p in owned], shards)))
     state = _state(optimizer, groups, owners, shards)
     sent, collectives = _traffic(groups, owners, shards)
+    encoding, calls = _encoding_traffic(optimizer, groups, shards)
+    sent, collectives = [n + encoding for n in sent], collectives + calls
     params = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     return ShardedEstimate(shards, replicas, state, sent, collectives, params)
 
@@ -132,12 +135,39 @@ def _state(optimizer: Any, groups: list[tuple[dict, tuple[Phase, ...]]], owners:
                     elif layout is not None and value.shape == p.shape:
                         for rank in range(shards):
                             start, stop = layout.rows(rank)
-                            held[rank] += stored_bytes(engine, codec, buffer, value, p, stop - start)[1]
+                            held[rank] += stored_bytes(engine, codec, buffer, value, p,
+                                                       LocalShard(p.shape, start, stop))[1]
                     else:
                         nbytes = stored_bytes(engine, codec, buffer, value, p)[1]
                         held = [n + nbytes for n in held]
             held = [n + STEP_BYTES for n in held]
     return held
+
+
+def _encoding_traffic(optimizer: Any, groups: list[tuple[dict, tuple[Phase, ...]]], shards: int) -> tuple[int, int]:
+    """Bytes each rank sends per step, and the all-reduces, to encode the encoded buffers it holds on shards
+    (``Codec.all_reduced``: scales that a shard boundary cuts, column maxima), each written once a step."""
+    if shards == 1:
+        return 0, 0
+    engine = EncodedState(optimizer.storage.policy, optimizer.transform)
+    nbytes = calls = 0
+    for group, phases in groups:
+        at_owner = owned_namespaces(phases)
+        names = group.get("param_names") or [None] * len(group["params"])
+        for p, name in zip(group["params"], names):
+            codec = engine.codec_for(p, name)
+            if codec is None or not p.dim():
+                continue
+            whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            split = Sharding(None, shards, 0, tuple(p.shape))
+            shard = LocalShard(p.shape, *split.rows(0), split)
+            for namespace, link in (pair for phase in phases if not phase.owned for pair in phase.links()):
+                for key, value in link.init(whole, group).items():
+                    buffer = f"{namespace}.{key}" if namespace else key
+                    if namespace not in at_owner and engine.encodable(buffer, value, p):
+                        n = codec.all_reduced(shard, buffer not in engine.nonnegative)
+                        nbytes, calls = nbytes + 4 * n, calls + (n > 0)
+    return nbytes, calls
 
 
 def _traffic(groups: list[tuple[dict, tuple[Phase, ...]]], owners: dict[int, int],

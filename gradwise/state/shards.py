@@ -33,12 +33,13 @@ floats), and int4 spends a byte per code (two codes of a byte could lie on two r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gradwise.core.collectives import Traffic, all_reduce
 from gradwise.core.params import DTensor
 from gradwise.core.sharding import Sharding, sharding
 from gradwise.state.codec import n_blocks
@@ -57,16 +58,18 @@ class LocalShard:
     split: Sharding | None = None
     mesh: Any = None
     placements: tuple = ()
+    #: where the collectives of encoding it are counted (the optimizer's ``comm_stats``)
+    traffic: Traffic = field(default_factory=Traffic, compare=False)
 
     @classmethod
-    def of(cls, p: Tensor) -> "LocalShard | None":
+    def of(cls, p: Tensor, traffic: Traffic | None = None) -> "LocalShard | None":
         """``p``'s shard, or None when ``p`` is a plain tensor (its parts stay plain, flat tensors)."""
         if not isinstance(p, DTensor):
             return None
         split = sharding(p)
         rows = p.shape[0] if p.dim() else 1
         start, stop = (0, rows) if split is None else split.rows(split.rank)
-        return cls(p.shape, start, stop, split, p.device_mesh, tuple(p.placements))
+        return cls(p.shape, start, stop, split, p.device_mesh, tuple(p.placements), traffic or Traffic())
 
     @classmethod
     def whole(cls, shape: torch.Size) -> "LocalShard":
@@ -149,9 +152,7 @@ class LocalShard:
         """``t``, in place, the elementwise max over the ranks sharing the parameter (a collective:
         every one of them calls it, in the same order)."""
         if self.split is not None and t.numel():
-            import torch.distributed as dist
-
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.split.group)
+            all_reduce(t, "max", self.split.group, self.traffic)
         return t
 
     def dtensor(self, local: Tensor, whole: bool = False) -> Tensor:
