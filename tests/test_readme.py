@@ -41,6 +41,17 @@ def _clones(model) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+@claim('"gradwise-fsdp2-example"')
+def fsdp2_training_resumes_from_dcp_bit_identically(scope, code):
+    """The Distributed example, run as one process: Muon's int8 state goes through DCP and the resumed run
+    equals the uninterrupted one, bit for bit (several ranks: tests/test_fsdp2.py and tests/test_dcp.py)."""
+    import torch.distributed as dist
+
+    assert scope["same"] is True and not dist.is_initialized()
+    encoded = [k for st in scope["resumed_optimizer"].state.values() for k in st if "@int8" in k]
+    assert encoded, "the example's int8 state holds no encoded buffer: the claim would be vacuous"
+
+
 @claim("gradwise.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)")
 def usage_is_a_drop_in_for_torch_adamw(scope, code):
     """The usage example with torch.optim.AdamW in place of gradwise's gives the same weights and learning rate."""
