@@ -45,17 +45,6 @@ def _mesh(text: str) -> tuple[int, int]:
     return replicas, shards
 
 
-def _world_size(text: str) -> int:
-    """``--world-size N``: a positive int."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a positive int")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     from gradwise import __version__, cli_bench  # argument definitions only: no torch at import time
     from gradwise.arena import cli as arena_cli  # argument definitions only
@@ -84,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     estimate.add_argument("--fp32", metavar="REGEX", help="keep parameters whose name matches REGEX in float32"
                           " (e.g. 'wte|wpe')")
     ranks = estimate.add_mutually_exclusive_group()
-    ranks.add_argument("--world-size", type=_world_size, metavar="N",
+    ranks.add_argument("--world-size", type=cli_bench.positive_int_argument, metavar="N",
                        help="per rank, with the parameters sharded over N ranks (FSDP2)")
     ranks.add_argument("--mesh", type=_mesh, metavar="R,S", help="per rank, on an HSDP mesh: R replicas of S shards")
     bench = commands.add_parser("bench", help="benchmarks", formatter_class=HelpFormatter)

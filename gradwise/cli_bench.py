@@ -40,7 +40,8 @@ PATHS = ("eager", "compiled")
 WARMUP = 2
 
 
-def _positive_int(text: str) -> int:
+def positive_int_argument(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -69,9 +70,9 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     """The options of ``gradwise bench step`` and ``python bench/step.py``."""
     parser.add_argument("--size", choices=tuple(SIZES), default="25m",
                         help="parameter set: GPT-2 small (124m), 6 blocks of width 384 (25m), tiny (tests)")
-    parser.add_argument("--steps", type=_positive_int, default=10, metavar="N",
+    parser.add_argument("--steps", type=positive_int_argument, default=10, metavar="N",
                         help=f"timed steps per row, after {WARMUP} warm-up steps")
-    parser.add_argument("--threads", type=_positive_int, default=1, metavar="T",
+    parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T",
                         help="torch.set_num_threads")
     parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
