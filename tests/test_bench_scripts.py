@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import memory as bench_memory
+from bench import overhead as bench_overhead
 
 #: the scripts: every bench/*.py but the parts named _*.py (bench/__init__.py says so)
 SCRIPTS = sorted(s for s in (Path(__file__).resolve().parents[1] / "bench").glob("*.py") if not s.name.startswith("_"))
@@ -38,3 +39,9 @@ def test_a_named_measurement_runs_alone(capsys):
     assert bench_memory.main(["--quality", "--quality-formats", "fp32", "--seeds", "1", "--steps", "30"]) == 0
     out = capsys.readouterr().out
     assert "Mean final loss" in out and "state bytes" not in out
+
+
+def test_overhead_times_every_row_on_a_small_set(capsys):
+    assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
+    assert line.count("x)") == len(bench_overhead.ROWS) and "(1.00x)" in line

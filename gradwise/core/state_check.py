@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import choice, non_negative_int
-from gradwise.core.params import local, param_label
+from gradwise.core.params import DTensor, local, param_label
 from gradwise.core.sharding import sharding
 from gradwise.core.state_keys import MARK, layout, parts_of
 from gradwise.core.transform import counters_of, uses
@@ -76,7 +76,8 @@ def check_step(optimizer) -> None:
                 raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
                                  f" {g.dtype} on {g.device};"
                                  f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            sharding(p, param_label(group, p, index))  # refuses placements gradwise does not step
+            if isinstance(p, DTensor):
+                sharding(p, param_label(group, p, index))  # refuses placements gradwise does not step
             expected = expected_state(optimizer, p, group, resolved)
             for key, value in optimizer.state.get(p, {}).items():
                 if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:

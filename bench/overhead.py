@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""The per-step overhead benchmark (``python bench/overhead.py``): microseconds per optimizer step on small
+parameter sets, where a step's time is mostly Python (checks, bucketing, packing, calls), not arithmetic.
+
+The sets: each arena workload's model (``init_model(0)``), and 100 and 1,000 small tensors. On each set,
+gradwise.AdamW as built by default (``compile="auto"``) and eagerly (``compile=False``) step in turn
+with torch.optim.AdamW's three paths (its default, ``foreach=True``, ``fused=True``), all with the same
+hyperparameters and the same fixed random gradients, round after round (the order rotating, so that a
+noisy machine slows every row alike). A round times ``--steps`` steps of each optimizer after ``WARMUP``
+untimed ones (a compile, if any, happens there); the table shows the median over rounds, in microseconds
+per step and as a ratio to torch's default in the same rounds. The machine's load is printed with it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
+
+from gradwise.cli_bench import WARMUP, positive_int_argument  # noqa: E402
+from gradwise.help_format import HelpFormatter  # noqa: E402
+
+HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+#: row label -> (library, keyword arguments besides HYPER)
+ROWS = {
+    "torch default": ("torch", {}),
+    "torch foreach": ("torch", {"foreach": True}),
+    "torch fused": ("torch", {"fused": True}),
+    "gradwise default": ("gradwise", {}),
+    "gradwise eager": ("gradwise", {"compile": False}),
+}
+SMALL = {"100 small": (100, (16, 16)), "1000 small": (1000, (16,))}
+
+
+def parameter_sets(names: list[str]) -> dict:
+    """``{name: list of parameters}``: arena workloads' models and the small-tensor sets, as asked."""
+    import torch
+
+    from gradwise.arena.workloads import WORKLOADS
+
+    sets = {}
+    for name in names:
+        if name in SMALL:
+            count, shape = SMALL[name]
+            sets[name] = [torch.nn.Parameter(torch.randn(shape)) for _ in range(count)]
+        else:
+            sets[name] = list(WORKLOADS[name]().init_model(0).parameters())
+    return sets
+
+
+def build(row: str, params: list):
+    import torch
+
+    import gradwise
+
+    library, extra = ROWS[row]
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, q in zip(copies, params):
+        p.grad = torch.randn_like(q)  # fixed gradients, reused every step
+    cls = torch.optim.AdamW if library == "torch" else gradwise.AdamW
+    return cls(copies, **HYPER, **extra)
+
+
+def measure(params: list, rows: list[str], rounds: int, steps: int) -> dict[str, float]:
+    """Median microseconds per step of each row over ``rounds`` rounds."""
+    optimizers = {row: build(row, params) for row in rows}
+    for optimizer in optimizers.values():
+        for _ in range(WARMUP):
+            optimizer.step()
+    times: dict[str, list[float]] = {row: [] for row in rows}
+    for r in range(rounds):
+        order = rows[r % len(rows):] + rows[:r % len(rows)]
+        for row in order:
+            optimizer = optimizers[row]
+            start = time.perf_counter()
+            for _ in range(steps):
+                optimizer.step()
+            times[row].append((time.perf_counter() - start) / steps * 1e6)
+    return {row: statistics.median(values) for row, values in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gradwise.arena.workloads import WORKLOADS
+
+    sets = [*WORKLOADS, *SMALL]
+    parser = argparse.ArgumentParser(prog="bench/overhead.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--sets", default=",".join(sets), help=f"parameter sets, comma-separated, of {sets}")
+    parser.add_argument("--rounds", type=positive_int_argument, default=7, metavar="N", help="timed rounds")
+    parser.add_argument("--steps", type=positive_int_argument, default=20, metavar="N", help="steps per round")
+    parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T",
+                        help="torch.set_num_threads for the run")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    names = args.sets.split(",")
+    if bad := [n for n in names if n not in sets]:
+        parser.error(f"argument --sets: {bad} not among {sets}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = list(ROWS)
+    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); microseconds per step (x torch default)")
+    print(f"{'set':<22}{'params':>8}" + "".join(f"{row:>22}" for row in rows))
+    results = {}
+    for name, params in parameter_sets(names).items():
+        medians = measure(params, rows, args.rounds, args.steps)
+        base = medians["torch default"]
+        results[name] = {"tensors": len(params), "numel": sum(p.numel() for p in params), "us_per_step": medians}
+        cells = "".join(f"{f'{us:,.0f} ({us / base:.2f}x)':>22}" for us in medians.values())
+        print(f"{name:<22}{len(params):>8}{cells}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
