@@ -128,17 +128,24 @@ def _step(model, optimizer, step: int, nan_at: int | None = None) -> None:
     optimizer.zero_grad()
 
 
-@lru_cache(maxsize=None)
-def _uninterrupted(name: str) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
-    """The unsharded run of case ``name`` that is never saved: its parameters at the save (in the mode
-    saved) and at the end, and the steps it skipped."""
-    case = next(c for c in CASES if c.name == name)
-    model = _model(0, None)
+def _up_to_the_save(case: Case, mesh):
+    """A fresh model (sharded over ``mesh``, or plain) and the case's optimizer, stepped ``SAVE_AT`` times and
+    put in the mode the case is saved in."""
+    model = _model(0, mesh)
     optimizer = _optimizer(case, model)
     for step in range(SAVE_AT):
         _step(model, optimizer, step, case.nan_at)
     if case.eval_at_save:
         optimizer.eval()
+    return model, optimizer
+
+
+@lru_cache(maxsize=None)
+def _uninterrupted(name: str) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """The unsharded run of case ``name`` that is never saved: its parameters at the save (in the mode
+    saved) and at the end, and the steps it skipped."""
+    case = next(c for c in CASES if c.name == name)
+    model, optimizer = _up_to_the_save(case, None)
     at_save = [_full(p) for p in model.parameters()]
     optimizer.train()
     for step in range(SAVE_AT, SAVE_AT + RESUME_STEPS):
@@ -157,12 +164,7 @@ def _save(case: Case, mesh, directory: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model = _model(0, mesh)
-    optimizer = _optimizer(case, model)
-    for step in range(SAVE_AT):
-        _step(model, optimizer, step, case.nan_at)
-    if case.eval_at_save:
-        optimizer.eval()
+    model, optimizer = _up_to_the_save(case, mesh)
     _assert_equal(case, "parameters when saved", model, _uninterrupted(case.name)[0])
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=os.path.join(directory, case.name))

@@ -252,10 +252,11 @@ class PhasedStep(ShardedStep):
     def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         state = self.state[p]
         transform = self.transform.for_group(group)
-        keys = transform.state if sharding(p) is None else self.keys_here(p, group)
+        sharded = sharding(p) is not None
+        keys = self.keys_here(p, group) if sharded else transform.state
         if "step" not in state or any(not has_buffer(state, k) for k in keys):
-            fresh = transform.init(torch.view_as_real(p) if p.is_complex() else p, group) if keys is transform.state \
-                else self._sharded_init(p, group)
+            fresh = self._sharded_init(p, group) if sharded else \
+                transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
             transform.seed(fresh, self._position(p))
             names = group.get("param_names")
             name = names[next(j for j, q in enumerate(group["params"]) if q is p)] if names else None
