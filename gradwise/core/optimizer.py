@@ -247,9 +247,14 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         return uses(self.transform, "set_mode")
 
     # ----------------------------------------------------------------- the step
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure=None):
-        """Apply one step of the chain to every parameter that has a gradient (``core/stepping.py``)."""
+        """Apply one step of the chain to every parameter that has a gradient (``core/stepping.py``).
+
+        Under ``torch.compile(train_step)`` the step runs outside dynamo's graph (``torch.compiler.disable``,
+        as torch.optim's ``zero_grad``): tracing the engine's Python would guard on its per-step floats and
+        recompile every step; outside, it runs eagerly or on its own compiled graphs, as ``compile=`` says."""
         if self.mode == "eval" and self._has_modes():
             raise RuntimeError(f"{type(self).__name__}.step() called in eval mode: the parameters hold the"
                                " evaluation point, not the training point; call optimizer.train() first")
