@@ -4,6 +4,8 @@ import inspect
 from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
+from gradwise.recipes.ademamix import AdEMAMix
+from gradwise.recipes.adopt import ADOPT
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.came import CAME
 from gradwise.recipes.galore import GaLoreAdamW
@@ -22,6 +24,7 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
+__all__ += ["ADOPT", "AdEMAMix"]
 
 
 def takes_state() -> list[str]:

@@ -3,6 +3,8 @@
 from gradwise.transforms.adalomo import scale_by_adalomo
 from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
+from gradwise.transforms.ademamix import scale_by_ademamix
+from gradwise.transforms.adopt import scale_by_adopt
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
 from gradwise.transforms.clipping import clip_by_global_norm, clip_by_value
@@ -53,6 +55,8 @@ __all__ = [
     "scale_by_adam",
     "scale_by_adam_mini",
     "scale_by_adam_moments",
+    "scale_by_ademamix",
+    "scale_by_adopt",
     "scale_by_apollo",
     "scale_by_bias_correction",
     "scale_by_came_rms",
