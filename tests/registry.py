@@ -160,7 +160,7 @@ def _pytorch_optimizer(name, **fixed):
     def make(params, **kwargs):
         import pytorch_optimizer
 
-        return getattr(pytorch_optimizer, name)(params, foreach=False, **fixed, **kwargs)
+        return getattr(pytorch_optimizer, name)(params, foreach=False, **{**fixed, **kwargs})
 
     return make
 
