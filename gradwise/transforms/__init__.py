@@ -7,6 +7,7 @@ from gradwise.transforms.ademamix import scale_by_ademamix
 from gradwise.transforms.adopt import scale_by_adopt
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
+from gradwise.transforms.cautious import cautious
 from gradwise.transforms.clipping import clip_by_global_norm, clip_by_value
 from gradwise.transforms.factored import (
     clip_by_block_rms,
@@ -40,6 +41,7 @@ __all__ = [
     "add_decayed_weights",
     "add_norm_loss",
     "add_stable_weight_decay",
+    "cautious",
     "centralize_gradient",
     "clip_by_agc",
     "clip_by_block_rms",
