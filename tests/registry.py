@@ -224,6 +224,9 @@ ENTRIES = [
     _entry(gradwise.AdEMAMix, _pytorch_optimizer("AdEMAMix", weight_decouple=True),
            ("ademamix", dict(lr=0.01, betas=(0.8, 0.99, 0.999), alpha=3.0, t_alpha_beta3=20, weight_decay=0.1)),
            maximize_reference=True),
+    # pytorch-optimizer's MARS adds 1e-15 to v under its square root: tests/test_mars.py compares with it
+    # within 1e-8 (float64) and with a float64 reference from the paper within 1e-10
+    _entry(gradwise.MARS, None, ("mars", dict(lr=0.01, gamma=0.05, weight_decay=0.1))),
     _entry(gradwise.APOLLOMini, None, ("apollo-mini", dict(lr=0.01, weight_decay=0.1)), state=False,
            fused_backward=False),
 ]

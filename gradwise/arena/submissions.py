@@ -36,11 +36,12 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "torch.NAdam": {"lr": 0.0017486, "one_minus_beta1": 0.0673, "beta2": 0.99552, "weight_decay": 0.0812,
                     "decoupled_weight_decay": True, "warmup_factor": 0.02},
     "Lion": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.5, "warmup_factor": 0.05},
-    # ADOPT and AdEMAMix: their papers' defaults with AdamW's point above (not tuned here)
+    # ADOPT, AdEMAMix, MARS: their papers' defaults with AdamW's point above (not tuned here)
     "ADOPT": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.9999, "weight_decay": 0.05, "weight_decouple": True,
               "warmup_factor": 0.05},
     "AdEMAMix": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "alpha": 5.0, "weight_decay": 0.05,
                  "warmup_factor": 0.05},
+    "MARS": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.99, "weight_decay": 0.05, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }

@@ -12,6 +12,7 @@ from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.lookahead import Lookahead
+from gradwise.recipes.mars import MARS
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.ranger21 import Ranger21
@@ -24,7 +25,7 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
-__all__ += ["ADOPT", "AdEMAMix"]
+__all__ += ["ADOPT", "MARS", "AdEMAMix"]
 
 
 def takes_state() -> list[str]:

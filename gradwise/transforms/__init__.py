@@ -20,6 +20,7 @@ from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_s
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.madgrad import scale_by_madgrad
+from gradwise.transforms.mars import mars_correction
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -49,6 +50,7 @@ __all__ = [
     "clip_by_value",
     "decay_stepped_weights",
     "lookahead",
+    "mars_correction",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
     "project_low_rank",
