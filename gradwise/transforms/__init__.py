@@ -36,13 +36,14 @@ from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_fr
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
-from gradwise.transforms.weight_decay import add_decayed_weights, decay_stepped_weights
+from gradwise.transforms.weight_decay import add_decayed_weights, cautious_weight_decay, decay_stepped_weights
 
 __all__ = [
     "add_decayed_weights",
     "add_norm_loss",
     "add_stable_weight_decay",
     "cautious",
+    "cautious_weight_decay",
     "centralize_gradient",
     "clip_by_agc",
     "clip_by_block_rms",
