@@ -30,6 +30,9 @@ _EXPORTS = {
     "gradwise.recipes": ("CAME", "LOMO", "SGD", "SOAP", "Adafactor", "AdaLomo", "Adam", "AdamMini", "AdamW", "Lion",
                          "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW", "ScheduleFreeSGD", "Shampoo",
                          "schedule_free"),
+    "gradwise.recipes.adopt": ("ADOPT",),
+    "gradwise.recipes.ademamix": ("AdEMAMix",),
+    "gradwise.recipes.mars": ("MARS",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.state": ("StatePolicy",),
@@ -58,6 +61,7 @@ __all__ += ["create", "optimizer_class", "optimizer_names"]
 __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
+__all__ += ["ADOPT", "MARS", "AdEMAMix"]
 
 
 def __getattr__(name: str) -> Any:

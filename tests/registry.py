@@ -53,6 +53,8 @@ class Entry:
     #: its reference takes ``maximize=True`` too, so gradient ascent is compared step by step (every
     #: recipe takes ``maximize``: tests/test_engine_options.py)
     maximize_reference: bool = False
+    #: its first step moves the parameters (ADOPT's only fills its second moment)
+    first_step_moves: bool = True
     #: steps bfloat16 parameters in float32 and rounds each result once into the parameter
     bf16: bool = True
     #: ``gradwise.fused_backward(optimizer)`` accepts it (no chain batched across parameters, no step()
@@ -130,12 +132,6 @@ def _schedulefree(name):
     return make
 
 
-def _ranger21(params, **kwargs):
-    from pytorch_optimizer import Ranger21
-
-    return Ranger21(params, foreach=False, **kwargs)
-
-
 def _adafactor(params, **kwargs):
     # torch.optim.Adafactor divides by sqrt(numel) in Python: an empty tensor raises ZeroDivisionError
     # there (ours leaves it alone), so the reference gets the non-empty ones
@@ -158,6 +154,15 @@ def _apollo(params, **kwargs):
     from apollo_torch import APOLLOAdamW
 
     return APOLLOAdamW(params, **kwargs)
+
+
+def _pytorch_optimizer(name, **fixed):
+    def make(params, **kwargs):
+        import pytorch_optimizer
+
+        return getattr(pytorch_optimizer, name)(params, foreach=False, **{**fixed, **kwargs})
+
+    return make
 
 
 def _entry(recipe, reference, *configs, **capabilities) -> Entry:
@@ -187,8 +192,9 @@ ENTRIES = [
            ("schedule-free-sgd", dict(lr=0.05, momentum=0.8, weight_decay=0.01, warmup_steps=10, r=1.0,
                                       weight_lr_power=1.0)),
            state=False, complex=True),
-    _entry(gradwise.Ranger21, _ranger21, ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
-                                          dict(lr=3e-3, num_iterations=50, beta0=0.9)),
+    _entry(gradwise.Ranger21, _pytorch_optimizer("Ranger21"),
+           ("ranger21", dict(lr=3e-3, num_iterations=50, pnm_momentum_factor=0.9),
+            dict(lr=3e-3, num_iterations=50, beta0=0.9)),
            required=dict(lr=1e-3, num_iterations=100), fused_backward=False),
     _entry(gradwise.Muon, None, ("muon", dict(lr=0.02, adamw_lr=1e-3)), fused_backward=False,
            amplifies_state_error=True, torch_counterpart=torch.optim.Muon),
@@ -211,6 +217,16 @@ ENTRIES = [
            state=False, fused_backward=False),
     _entry(gradwise.APOLLO, _apollo, ("apollo", dict(lr=0.01, eps=1e-7, weight_decay=0.1)), state=False,
            fused_backward=False),
+    # pytorch-optimizer 4.1.0; AdEMAMix decays decoupled by default (the paper), the package's default is L2
+    _entry(gradwise.ADOPT, _pytorch_optimizer("ADOPT"),
+           ("adopt", dict(lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)), maximize_reference=True,
+           first_step_moves=False),
+    _entry(gradwise.AdEMAMix, _pytorch_optimizer("AdEMAMix", weight_decouple=True),
+           ("ademamix", dict(lr=0.01, betas=(0.8, 0.99, 0.999), alpha=3.0, t_alpha_beta3=20, weight_decay=0.1)),
+           maximize_reference=True),
+    # pytorch-optimizer's MARS adds 1e-15 to v under its square root: tests/test_mars.py compares with it
+    # within 1e-8 (float64) and with a float64 reference from the paper within 1e-10
+    _entry(gradwise.MARS, None, ("mars", dict(lr=0.01, gamma=0.05, weight_decay=0.1))),
     _entry(gradwise.APOLLOMini, None, ("apollo-mini", dict(lr=0.01, weight_decay=0.1)), state=False,
            fused_backward=False),
 ]

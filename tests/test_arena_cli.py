@@ -107,6 +107,22 @@ def test_warmup_cosine_schedule():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[55] == pytest.approx(0.5 * (1 + math.cos(math.pi * 45 / 90)))
     assert optimizer_kwargs("NAdamW", {"one_minus_beta1": 0.1, "beta2": 0.99})["betas"] == (0.9, 0.99)
+    assert optimizer_kwargs("AdEMAMix", {"beta1": 0.8})["betas"] == (0.8, 0.999, 0.9999)  # beta3 kept
+
+
+@pytest.mark.parametrize("name", ["ADOPT", "AdEMAMix", "MARS"])
+def test_self_tuning_points_of_the_adam_family_build_and_step(name):
+    import torch
+
+    from gradwise.arena.submissions import SELF_TUNING
+
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer, schedule = build_optimizer(name, SELF_TUNING[name], [p], total_steps=10)
+    for _ in range(3):
+        p.grad = torch.ones(3)
+        optimizer.step()
+        schedule.step()
+    assert (p.detach() < 1).all()
 
 
 def test_every_workload_builds_and_steps():

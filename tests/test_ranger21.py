@@ -12,8 +12,10 @@ import torch
 
 import gradwise
 from tests.models import mlp, regression_batch, train_regression
-from tests.registry import _ranger21
+from tests.registry import _pytorch_optimizer
 from tests.test_parity import assert_trajectories_close, run_mlp
+
+_ranger21 = _pytorch_optimizer("Ranger21")
 
 STEPS = 120
 

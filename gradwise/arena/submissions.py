@@ -36,6 +36,12 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "torch.NAdam": {"lr": 0.0017486, "one_minus_beta1": 0.0673, "beta2": 0.99552, "weight_decay": 0.0812,
                     "decoupled_weight_decay": True, "warmup_factor": 0.02},
     "Lion": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.5, "warmup_factor": 0.05},
+    # ADOPT, AdEMAMix, MARS: their papers' defaults with AdamW's point above (not tuned here)
+    "ADOPT": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.9999, "weight_decay": 0.05, "weight_decouple": True,
+              "warmup_factor": 0.05},
+    "AdEMAMix": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "alpha": 5.0, "weight_decay": 0.05,
+                 "warmup_factor": 0.05},
+    "MARS": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.99, "weight_decay": 0.05, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
@@ -78,7 +84,8 @@ def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, An
         default = inspect.signature(optimizer_class(name).__init__).parameters["betas"].default
         beta1 = 1 - hyperparameters["one_minus_beta1"] if "one_minus_beta1" in hyperparameters else \
             hyperparameters.get("beta1", default[0])
-        kwargs["betas"] = (float(beta1), float(hyperparameters.get("beta2", default[1])))
+        # a third beta (AdEMAMix's slow EMA) keeps its default
+        kwargs["betas"] = (float(beta1), float(hyperparameters.get("beta2", default[1])), *default[2:])
     if not name.startswith("torch."):
         kwargs.setdefault("compile", False)  # these models are small; compile time would count as training
     return kwargs

@@ -119,11 +119,19 @@ class PhasedStep(ShardedStep):
             if writes_0d else [{} for _ in states]
         by_step: dict[int, list[int]] = defaultdict(list)
         for i, st in enumerate(states):
+            by_step[int(st["step"]) + 1].append(i)
+        try:  # a link may refuse its step's constants (a schedule of the user's own): nothing is changed yet
+            scalars_of = {step: transform.scalars(group, step) for step in by_step}
+        except BaseException:
+            for p in params:
+                if id(p) in fresh:
+                    self.state.pop(p, None)
+            raise
+        for st in states:
             st["step"] += 1
-            by_step[int(st["step"])].append(i)
         out = []
         for step, members in by_step.items():
-            scalars = transform.scalars(group, step)
+            scalars = scalars_of[step]
             for i in members if advances else ():
                 transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
             values, layout = pack(hyper, scalars, dtype, device)

@@ -4,12 +4,15 @@ import inspect
 from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
+from gradwise.recipes.ademamix import AdEMAMix
+from gradwise.recipes.adopt import ADOPT
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.came import CAME
 from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.lookahead import Lookahead
+from gradwise.recipes.mars import MARS
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.ranger21 import Ranger21
@@ -22,6 +25,7 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
+__all__ += ["ADOPT", "MARS", "AdEMAMix"]
 
 
 def takes_state() -> list[str]:

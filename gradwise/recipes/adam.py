@@ -5,16 +5,22 @@ from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.torch_checkpoint import TorchFormat
 from gradwise.core.torch_flags import compile_for_torch_flags
-from gradwise.core.transform import Chain, chain
+from gradwise.core.transform import Chain, Transform, chain
 from gradwise.transforms import add_decayed_weights, scale_by_adam, scale_by_learning_rate
+
+
+def decayed_chain(core: Transform, decoupled: bool, argument: str = "decoupled_weight_decay") -> Chain:
+    """``core`` then the step size, with weight decay before ``core`` (L2) or after it (decoupled, AdamW's);
+    ``argument`` names the recipe's flag in the error a non-boolean gets."""
+    boolean(argument, decoupled)
+    if decoupled:
+        return chain(core, add_decayed_weights(), scale_by_learning_rate())
+    return chain(add_decayed_weights(), core, scale_by_learning_rate())
 
 
 def adam_chain(decoupled_weight_decay: bool) -> Chain:
     """Adam's chain: weight decay before the preconditioner (L2) or after it (decoupled, AdamW)."""
-    boolean("decoupled_weight_decay", decoupled_weight_decay)
-    if decoupled_weight_decay:
-        return chain(scale_by_adam(), add_decayed_weights(), scale_by_learning_rate())
-    return chain(add_decayed_weights(), scale_by_adam(), scale_by_learning_rate())
+    return decayed_chain(scale_by_adam(), decoupled_weight_decay)
 
 
 class Adam(Optimizer):

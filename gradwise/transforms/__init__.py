@@ -3,8 +3,11 @@
 from gradwise.transforms.adalomo import scale_by_adalomo
 from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
+from gradwise.transforms.ademamix import scale_by_ademamix
+from gradwise.transforms.adopt import scale_by_adopt
 from gradwise.transforms.apollo import scale_by_apollo
 from gradwise.transforms.came import scale_by_came_rms, scale_by_confidence
+from gradwise.transforms.cautious import cautious
 from gradwise.transforms.clipping import clip_by_global_norm, clip_by_value
 from gradwise.transforms.factored import (
     clip_by_block_rms,
@@ -17,6 +20,7 @@ from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_s
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.madgrad import scale_by_madgrad
+from gradwise.transforms.mars import mars_correction
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -32,12 +36,14 @@ from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_fr
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
-from gradwise.transforms.weight_decay import add_decayed_weights, decay_stepped_weights
+from gradwise.transforms.weight_decay import add_decayed_weights, cautious_weight_decay, decay_stepped_weights
 
 __all__ = [
     "add_decayed_weights",
     "add_norm_loss",
     "add_stable_weight_decay",
+    "cautious",
+    "cautious_weight_decay",
     "centralize_gradient",
     "clip_by_agc",
     "clip_by_block_rms",
@@ -45,6 +51,7 @@ __all__ = [
     "clip_by_value",
     "decay_stepped_weights",
     "lookahead",
+    "mars_correction",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
     "project_low_rank",
@@ -53,6 +60,8 @@ __all__ = [
     "scale_by_adam",
     "scale_by_adam_mini",
     "scale_by_adam_moments",
+    "scale_by_ademamix",
+    "scale_by_adopt",
     "scale_by_apollo",
     "scale_by_bias_correction",
     "scale_by_came_rms",

@@ -1,6 +1,7 @@
 """Weight decay as an added term (optax's ``add_decayed_weights``)."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, non_negative
@@ -48,3 +49,23 @@ class decay_stepped_weights(Transform):  # noqa: N801
             return updates
         decay = ctx["lr"] * ctx["weight_decay"]
         return [u - (p + u) * decay for u, p in zip(updates, ctx.params)]
+
+
+class cautious_weight_decay(Transform):  # noqa: N801
+    """Cautious Weight Decay (Chen et al., 2025, arXiv:2510.12402): decoupled decay only where the
+    update and the parameter agree in sign, so decay never pulls against the step the core takes:
+
+    u <- u + wd 1(u p >= 0) p
+
+    In place of ``add_decayed_weights`` after any core, before ``scale_by_learning_rate``
+    (p <- p - lr (u + wd 1(u p >= 0) p)). Elementwise.
+    """
+
+    name = "weight_decay"
+    hyper = {"weight_decay": Hyper(0.0, non_negative, zero_is_identity=True)}
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("weight_decay"):
+            return updates
+        wd = ctx["weight_decay"]
+        return [u + torch.where(u * p >= 0, p * wd, 0.0) for u, p in zip(updates, ctx.params)]
