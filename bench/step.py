@@ -39,7 +39,6 @@ from gradwise.shapes import SIZES, gpt2_shapes
 
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
 REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
-COPY_MB = 512  # source and destination are 512 MiB each: larger than the caches of the machines we use
 
 
 def count_label(n: int) -> str:
@@ -59,7 +58,7 @@ def _ms(fn, device: str = "cpu") -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def bandwidth(op: str = "copy", repeats: int = 7, megabytes: int = COPY_MB, device: str = "cpu") -> list[float]:
+def bandwidth(op: str = "copy", megabytes: int = 512, device: str = "cpu", repeats: int = 7) -> list[float]:
     """(bytes read + bytes written) / seconds of ``dst.copy_(src)`` (``op="copy"``: 2 x size) or of
     ``dst.add_(src)`` (``op="add"``: 3 x size), once per repeat, in bytes/s. A copy's destination is
     written without being read, which costs most CPUs a read too (write-allocate) that is not counted;
@@ -155,9 +154,10 @@ def measure(args, log=lambda message: None) -> dict:
     header = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
               "device": device_name(device), "threads": torch.get_num_threads(),
               "loadavg_start": list(os.getloadavg()), "size": args.size, "steps": args.steps, "warmup": WARMUP,
+              "copy_mb": args.copy_mb,
               "inductor_cache": "warm (the usual cache dir)" if args.warm_cache else "fresh (cold compiles)"}
-    log(f"copy bandwidth ({COPY_MB} MiB buffers)")
-    bandwidths, adds = bandwidth("copy", device=device), bandwidth("add", device=device)
+    log(f"copy bandwidth ({args.copy_mb} MiB buffers)")
+    bandwidths, adds = bandwidth("copy", args.copy_mb, device), bandwidth("add", args.copy_mb, device)
     log(f"parameters and torch references for {args.size}")
     bench = Bench(args.size, device=device)
     skipped = {r: why for r in args.recipes if (why := unknown_state(RECIPES[r][1]))}
@@ -183,7 +183,8 @@ def measure(args, log=lambda message: None) -> dict:
     if not jobs:
         bench.rounds(None, args.steps)
     log("copy bandwidth again")
-    bandwidths, adds = bandwidths + bandwidth("copy", device=device), adds + bandwidth("add", device=device)
+    bandwidths += bandwidth("copy", args.copy_mb, device)
+    adds += bandwidth("add", args.copy_mb, device)
     copy_bw = statistics.median(bandwidths)
     header.update({"copy_bandwidth_gbs": copy_bw / 1e9, "copy_bandwidth_gbs_samples": [b / 1e9 for b in bandwidths],
                    "add_bandwidth_gbs": statistics.median(adds) / 1e9, "loadavg_end": list(os.getloadavg())})
@@ -257,7 +258,7 @@ def render(result: dict, out) -> None:
         ("load average", f"{_load(h['loadavg_start'])} at start, {_load(h['loadavg_end'])} at end"),
         ("parameters", f"{h['params']:,} ({h['params_label']}, preset {h['size']!r}) in {h['tensors']} tensors, fp32"),
         ("copy bandwidth", f"{h['copy_bandwidth_gbs']:.2f} GB/s (read + write, median of "
-                           f"{len(h['copy_bandwidth_gbs_samples'])} copies of {COPY_MB} MiB); in-place add "
+                           f"{len(h['copy_bandwidth_gbs_samples'])} copies of {h['copy_mb']} MiB); in-place add "
                            f"{h['add_bandwidth_gbs']:.2f} GB/s (read 2 + write 1)"),
         ("compiles", f"inductor cache {h['inductor_cache']}"),
         ("timing", f"median of {h['steps']} steps after {h['warmup']} warm-up steps, interleaved with torch's rows"),

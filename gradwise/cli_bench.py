@@ -83,6 +83,8 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="where parameters, gradients, state and the copy live (cuda: timed with synchronize)")
+    parser.add_argument("--copy-mb", type=positive_int_argument, default=512, metavar="MB",
+                        help="MiB of each buffer of the copy that measures bandwidth (larger than the caches)")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")
     parser.add_argument("--warm-cache", action="store_true",
                         help="compile with the usual on-disk inductor cache (without it: a fresh, empty one, so "
