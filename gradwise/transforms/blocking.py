@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gradwise.transforms.matrix_root import finite_blocks
+
 
 @dataclass(frozen=True)
 class Blocking:
@@ -115,13 +117,6 @@ def write_back(stack: Tensor, members: list[tuple[int, slice]], buffers: list[Te
             buffers[i][k].copy_(piece)
 
 
-def finite_blocks(blocks: Tensor) -> Tensor:
-    """(n, 1, 1): whether every entry of each (rows, cols) block is finite, in one pass (min and max are
-    NaN where a NaN is, infinite where an infinity is)."""
-    low, high = torch.aminmax(blocks.flatten(-2), dim=-1)
-    return (low.isfinite() & high.isfinite())[:, None, None]
-
-
 def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> Tensor:
     """Shampoo's Kronecker statistics for stacked blocks ``grads``: L <- L + G G^T and R <- R + G^T G
     (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages).
@@ -136,7 +131,7 @@ def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> 
             # the new factor is written over the product (a temporary), then where it is finite over the factor
             new = torch.add(factor, piece, out=piece) if weight is None else torch.lerp(factor, piece, weight,
                                                                                           out=piece)
-            ok = finite_blocks(new)
+            ok = finite_blocks(new)[:, None, None]
             torch.where(ok, new, factor, out=factor)
             skipped += (~ok).sum()
     return skipped

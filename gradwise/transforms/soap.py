@@ -17,7 +17,7 @@ from gradwise.transforms.blocking import (
     stacked,
     write_back,
 )
-from gradwise.transforms.matrix_root import eigenbases, keep_previous
+from gradwise.transforms.matrix_root import eigenbases, finite_blocks, keep_previous
 
 
 class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -133,7 +133,7 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
             index = order[:, :, None] if axis == -2 else order[:, None, :]
             v = v.gather(axis, index.expand_as(v))
             new, _ = torch.linalg.qr(f @ q)
-            new, failed = keep_previous(new, new.isfinite().all(dim=(-2, -1)), q, "eigenbasis")
+            new, failed = keep_previous(new, finite_blocks(new), q, "eigenbasis")
             self.eigh_failures += failed
             write_back(new, members, state[f"basis_{side}"])
         write_back(v, members, state["exp_avg_sq"])
