@@ -27,6 +27,8 @@ from bench.step import count_label
 from gradwise.shapes import SIZES, gpt2_shapes
 
 FREQUENCIES = (1, 10, 100)
+#: --blocks: Shampoo's and SOAP's ``batch_blocks`` (Muon always batches same-shaped matrices)
+BLOCKS = {"batched": True, "one-by-one": False}
 ROWS = {
     "Shampoo": lambda batch, dim: (gradwise.Shampoo, dict(lr=1e-3, precondition_frequency=2,
                                                           start_preconditioning_step=1,
@@ -68,7 +70,7 @@ def measure(args, log=print, advance=lambda: None) -> list[dict]:
     reference.step()
     rows = []
     for name in args.recipes:
-        for batch in ((True,) if name == "Muon" else (True, False)):
+        for batch in ((True,) if name == "Muon" else [BLOCKS[b] for b in args.blocks]):
             cls, hyper = ROWS[name](batch, args.max_dim)
             opt = build(cls, shapes, values, grads, hyper)
             opt.step(), advance(), opt.step(), advance()  # warm-up: state allocation, first bases
@@ -106,8 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--max-dim", type=int, default=1024, help="max_preconditioner_dim / max_precond_dim")
     parser.add_argument("--recipes", nargs="+", default=list(ROWS), choices=list(ROWS), help="the rows measured")
+    parser.add_argument("--blocks", nargs="+", default=list(BLOCKS), choices=list(BLOCKS),
+                        help="Shampoo's and SOAP's blocks: batched across parameters, one at a time, or both")
     args = parser.parse_args(argv)
-    rows = sum(1 if name == "Muon" else 2 for name in args.recipes)
+    rows = sum(1 if name == "Muon" else len(args.blocks) for name in args.recipes)
     with progress("bench/matrix_step.py", rows * (2 + 2 * args.rounds), "optimizer steps") as advance:
         measure(args, advance=advance)
     return 0

@@ -13,6 +13,9 @@ separately, and timed steps that compiled again are dropped from the median and 
 
 The memory-bandwidth bound of a step is ``bytes moved per parameter * parameters / copy bandwidth``,
 the bandwidth measured in the same run as (bytes read + bytes written) / time of ``dst.copy_(src)``.
+
+``--device cuda`` puts the parameters, gradients, state and the copy on the GPU; every timing waits for the
+device before and after (``torch.<device>.synchronize``, a no-op on the CPU), so one code path times both.
 """
 from __future__ import annotations
 
@@ -36,7 +39,6 @@ from gradwise.shapes import SIZES, gpt2_shapes
 
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
 REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
-COPY_MB = 512  # source and destination are 512 MiB each: larger than the caches of the machines we use
 
 
 def count_label(n: int) -> str:
@@ -44,24 +46,30 @@ def count_label(n: int) -> str:
 
 
 # ------------------------------------------------------------------------------ measuring
-def _ms(fn) -> float:
+def _ms(fn, device: str = "cpu") -> float:
+    """Milliseconds of ``fn()``, the device's queued work finished before the clock starts and before it stops."""
+    import torch
+
+    synchronize = getattr(torch, device).synchronize
+    synchronize()
     start = time.perf_counter()
     fn()
+    synchronize()
     return (time.perf_counter() - start) * 1e3
 
 
-def bandwidth(op: str = "copy", repeats: int = 7, megabytes: int = COPY_MB) -> list[float]:
+def bandwidth(op: str = "copy", megabytes: int = 512, device: str = "cpu", repeats: int = 7) -> list[float]:
     """(bytes read + bytes written) / seconds of ``dst.copy_(src)`` (``op="copy"``: 2 x size) or of
     ``dst.add_(src)`` (``op="add"``: 3 x size), once per repeat, in bytes/s. A copy's destination is
     written without being read, which costs most CPUs a read too (write-allocate) that is not counted;
     the in-place add, which reads what it writes like an optimizer step, is reported for comparison."""
     import torch
 
-    src = torch.ones(megabytes << 18)
+    src = torch.ones(megabytes << 18, device=device)
     dst = torch.zeros_like(src)
     run, moved = (dst.copy_, 2) if op == "copy" else (dst.add_, 3)
     run(src)  # fault the pages in
-    return [moved * src.nbytes / (_ms(lambda: run(src)) / 1e3) for _ in range(repeats)]
+    return [moved * src.nbytes / (_ms(lambda: run(src), device) / 1e3) for _ in range(repeats)]
 
 
 def state_bytes(optimizer) -> int:
@@ -74,13 +82,14 @@ def state_bytes(optimizer) -> int:
 class Bench:
     """A fixed parameter set (values and gradients) and the two torch reference optimizers."""
 
-    def __init__(self, size: str, seed: int = 0):
+    def __init__(self, size: str, seed: int = 0, device: str = "cpu"):
         import torch
 
         generator = torch.Generator().manual_seed(seed)
+        self.device = device
         self.shapes = gpt2_shapes(*SIZES[size])
-        self.values = [torch.randn(s, generator=generator) * 0.02 for _, s in self.shapes]
-        self.grads = [torch.randn(s, generator=generator) * 1e-3 for _, s in self.shapes]
+        self.values = [(torch.randn(s, generator=generator) * 0.02).to(device) for _, s in self.shapes]
+        self.grads = [(torch.randn(s, generator=generator) * 1e-3).to(device) for _, s in self.shapes]
         self.numel = sum(v.numel() for v in self.values)
         self.refs = {name: self.build(torch.optim.AdamW, RECIPES["AdamW"][1], kw) for name, kw in REFERENCES.items()}
         for opt in self.refs.values():
@@ -88,14 +97,16 @@ class Bench:
                 opt.step()
         self.ref_times: dict[str, list[float]] = {name: [] for name in self.refs}
 
-    def build(self, cls, hyper: dict, extra: dict):
+    def build(self, cls, hyper: dict, extra: dict, named: bool = False):
+        """``cls`` over fresh copies of the values (``named``: as ``(name, parameter)`` pairs, which Muon's
+        routing reads), every gradient shared."""
         import torch
 
         params = []
-        for value, grad in zip(self.values, self.grads):
+        for (name, _), value, grad in zip(self.shapes, self.values, self.grads):
             p = torch.nn.Parameter(value.clone())
             p.grad = grad  # shared by every optimizer: nothing writes to gradients
-            params.append(p)
+            params.append((name, p) if named else p)
         return cls(params, **hyper, **extra)
 
     def rounds(self, opt, steps: int) -> tuple[list[float], dict[str, list[float]], int]:
@@ -106,7 +117,7 @@ class Bench:
         for r in range(steps):
             for name, o in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
                 before = o.compile_stats["compiles"] if name == "row" else 0
-                t = _ms(o.step)
+                t = _ms(o.step, self.device)
                 if name != "row":
                     window[name].append(t)
                 else:
@@ -137,23 +148,31 @@ def measure(args, log=lambda message: None) -> dict:
     import gradwise
 
     torch.set_num_threads(args.threads)
+    device = args.device
+    if device != "cpu" and not getattr(torch, device).is_available():
+        raise SystemExit(f"bench/step.py: --device {device}: torch {torch.__version__} sees no {device} device")
     header = {"torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
-              "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg()), "size": args.size,
-              "steps": args.steps, "warmup": WARMUP,
+              "device": device_name(device), "threads": torch.get_num_threads(),
+              "loadavg_start": list(os.getloadavg()), "size": args.size, "steps": args.steps, "warmup": WARMUP,
+              "copy_mb": args.copy_mb,
               "inductor_cache": "warm (the usual cache dir)" if args.warm_cache else "fresh (cold compiles)"}
-    log(f"copy bandwidth ({COPY_MB} MiB buffers)")
-    bandwidths, adds = bandwidth("copy"), bandwidth("add")
+    log(f"copy bandwidth ({args.copy_mb} MiB buffers)")
+    bandwidths, adds = bandwidth("copy", args.copy_mb, device), bandwidth("add", args.copy_mb, device)
     log(f"parameters and torch references for {args.size}")
-    bench = Bench(args.size)
-    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes)})
-    jobs = [(r, p) for r in args.recipes for p in args.paths]
+    bench = Bench(args.size, device=device)
+    skipped = {r: why for r in args.recipes if (why := unknown_state(RECIPES[r][1]))}
+    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes),
+                   "skipped": skipped})
+    for recipe, why in skipped.items():
+        log(f"{recipe} skipped: {why}")
+    jobs = [(r, p) for r in args.recipes if r not in skipped for p in args.paths]
     measured = []
     with _inductor_cache(args.warm_cache):
         for i, (recipe, path) in enumerate(jobs, 1):
             log(f"[{i}/{len(jobs)}] {recipe} {path}")
             cls_name, hyper, moved = RECIPES[recipe]
-            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": path == "compiled"})
-            warmup_ms = [_ms(opt.step) for _ in range(WARMUP)]
+            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": path == "compiled"}, named=True)
+            warmup_ms = [_ms(opt.step, device) for _ in range(WARMUP)]
             times, window, recompiled = bench.rounds(opt, args.steps)
             stats = opt.compile_stats
             measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
@@ -164,7 +183,8 @@ def measure(args, log=lambda message: None) -> dict:
     if not jobs:
         bench.rounds(None, args.steps)
     log("copy bandwidth again")
-    bandwidths, adds = bandwidths + bandwidth("copy"), adds + bandwidth("add")
+    bandwidths += bandwidth("copy", args.copy_mb, device)
+    adds += bandwidth("add", args.copy_mb, device)
     copy_bw = statistics.median(bandwidths)
     header.update({"copy_bandwidth_gbs": copy_bw / 1e9, "copy_bandwidth_gbs_samples": [b / 1e9 for b in bandwidths],
                    "add_bandwidth_gbs": statistics.median(adds) / 1e9, "loadavg_end": list(os.getloadavg())})
@@ -197,6 +217,24 @@ def _inductor_cache(warm: bool):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def unknown_state(hyper: dict) -> str | None:
+    """Why the installed gradwise cannot run a row's ``state=`` format (a format newer than it), or None."""
+    from gradwise.state.codec import codec_from
+
+    try:
+        codec_from(hyper.get("state"))
+    except ValueError:
+        return f"state={hyper['state']!r} is not a state format of the installed gradwise"
+    return None
+
+
+def device_name(device: str) -> str:
+    """The accelerator's name (``torch.cuda.get_device_name``), or the CPU's model."""
+    import torch
+
+    return cpu_model() if device == "cpu" else getattr(torch, device).get_device_name()
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -215,11 +253,12 @@ def render(result: dict, out) -> None:
     h = result["header"]
     info = Table.grid(padding=(0, 2))
     for key, value in (
-        ("torch", f"{h['torch']} (python {h['python']})"), ("cpu", h["cpu"]), ("threads", h["threads"]),
+        ("torch", f"{h['torch']} (python {h['python']})"), ("cpu", h["cpu"]), ("device", h["device"]),
+        ("threads", h["threads"]),
         ("load average", f"{_load(h['loadavg_start'])} at start, {_load(h['loadavg_end'])} at end"),
         ("parameters", f"{h['params']:,} ({h['params_label']}, preset {h['size']!r}) in {h['tensors']} tensors, fp32"),
         ("copy bandwidth", f"{h['copy_bandwidth_gbs']:.2f} GB/s (read + write, median of "
-                           f"{len(h['copy_bandwidth_gbs_samples'])} copies of {COPY_MB} MiB); in-place add "
+                           f"{len(h['copy_bandwidth_gbs_samples'])} copies of {h['copy_mb']} MiB); in-place add "
                            f"{h['add_bandwidth_gbs']:.2f} GB/s (read 2 + write 1)"),
         ("compiles", f"inductor cache {h['inductor_cache']}"),
         ("timing", f"median of {h['steps']} steps after {h['warmup']} warm-up steps, interleaved with torch's rows"),
@@ -238,6 +277,8 @@ def render(result: dict, out) -> None:
                       compile_s, f"{r['vs_fused']:.2f}", f"{r['vs_foreach']:.2f}",
                       f"{r['state_bytes_per_param']:.4f}", f"{r['bound_ms']:.2f}", f"{r['vs_bound']:.2f}")
     out.print(table)
+    for recipe, why in h.get("skipped", {}).items():
+        out.print(f"{recipe}: skipped, {why}")
     out.print("compile s: seconds (graphs) from compile_stats, spent in the warm-up steps and excluded from the "
               "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: "
               "row median over torch's median in the same interleaved rounds. "

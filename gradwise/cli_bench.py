@@ -32,10 +32,14 @@ RECIPES = {
     "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
     "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),
     "AdamW-int4": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int4"}, 14),
+    "AdamW-fp8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "fp8"}, 16),  # skipped by a gradwise without it
+    # matrices: read p, g, m; write p, m, plus Newton-Schulz's matmuls (compute-bound); the rest: AdamW's 28
+    "Muon": ("Muon", {"lr": 0.02}, 20),
 }
 #: the rows ``gradwise bench step`` runs unless ``--recipes`` says otherwise.
 DEFAULT_RECIPES = ["AdamW", "Adam", "NAdamW", "Lion", "SGD"]
 PATHS = ("eager", "compiled")
+DEVICES = ("cpu", "cuda")
 #: untimed steps of each row before its timed ones.
 WARMUP = 2
 
@@ -77,6 +81,10 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
     parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where parameters, gradients, state and the copy live (cuda: timed with synchronize)")
+    parser.add_argument("--copy-mb", type=positive_int_argument, default=512, metavar="MB",
+                        help="MiB of each buffer of the copy that measures bandwidth (larger than the caches)")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")
     parser.add_argument("--warm-cache", action="store_true",
                         help="compile with the usual on-disk inductor cache (without it: a fresh, empty one, so "

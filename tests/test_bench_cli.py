@@ -77,6 +77,7 @@ def test_recipe_table_state():
     (["--paths", "jit"], ["--paths", "'jit'", "eager", "compiled"]),
     (["--steps", "0"], ["--steps", "'0'", ">= 1"]),
     (["--threads", "two"], ["--threads", "'two'", ">= 1"]),
+    (["--device", "tpu"], ["--device", "'tpu'", "cpu", "cuda"]),
 ])
 def test_bad_arguments_name_argument_value_and_allowed(argv, named, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -19,7 +19,7 @@ def _clone(params):
 
 def _random_grads(params, step):
     gen = torch.Generator().manual_seed(step)
-    return [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+    return [torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device) for p in params]  # CPU draws, any device
 
 
 def run_bag(make, params, dtype, steps=STEPS, reference=False):

@@ -195,3 +195,12 @@ def test_bad_arguments_name_the_value():
 
 def _clone(params):
     return [p.detach().clone().requires_grad_() for p in params]
+
+
+def test_finite_blocks_finds_nan_and_both_infinities_per_block():
+    from gradwise.transforms.matrix_root import finite_blocks
+
+    blocks = torch.randn(5, 3, 4, dtype=torch.float64)
+    blocks[1, 2, 3], blocks[2, 0, 0], blocks[3, 1, 2] = float("nan"), float("inf"), -float("inf")
+    assert finite_blocks(blocks).tolist() == [True, False, False, False, True]
+    assert finite_blocks(blocks).tolist() == blocks.isfinite().all(dim=(-2, -1)).tolist()

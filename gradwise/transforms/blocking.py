@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gradwise.transforms.matrix_root import finite_blocks
+
 
 @dataclass(frozen=True)
 class Blocking:
@@ -99,6 +101,22 @@ def pieces(stack: Tensor, members: list[tuple[int, slice]]) -> list[Tensor]:
     return list(stack.split([k.stop - k.start for _, k in members]))
 
 
+def stacked(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``; a lone contiguous part is returned itself, a view, not copied (a group of one
+    parameter's blocks, such as an embedding's: copying its factors or roots each step would be a pass over all
+    of them). A lone part that is not contiguous is copied, as ``cat`` would, so that reductions over it add in
+    the same order."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+
+
+def write_back(stack: Tensor, members: list[tuple[int, slice]], buffers: list[Tensor]) -> None:
+    """Copy ``stack`` (the members' blocks) into each member's blocks of ``buffers``, unless it is already
+    them (``stacked`` of one part)."""
+    for (i, k), piece in zip(members, pieces(stack, members)):
+        if piece.data_ptr() != buffers[i][k].data_ptr():
+            buffers[i][k].copy_(piece)
+
+
 def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> Tensor:
     """Shampoo's Kronecker statistics for stacked blocks ``grads``: L <- L + G G^T and R <- R + G^T G
     (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages).
@@ -110,9 +128,11 @@ def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> 
     for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
         for (i, k), piece in zip(members, pieces(outer, members)):
             factor = state[f"factor_{side}"][i][k]
-            new = factor + piece if weight is None else factor.lerp(piece, weight)
-            ok = new.isfinite().all(dim=(-2, -1), keepdim=True)
-            factor.copy_(torch.where(ok, new, factor))
+            # the new factor is written over the product (a temporary), then where it is finite over the factor
+            new = torch.add(factor, piece, out=piece) if weight is None else torch.lerp(factor, piece, weight,
+                                                                                          out=piece)
+            ok = finite_blocks(new)[:, None, None]
+            torch.where(ok, new, factor, out=factor)
             skipped += (~ok).sum()
     return skipped
 

@@ -70,8 +70,12 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
             by_shape[tuple(sorted(u.shape))].append(i)
         out: list[Tensor] = list(updates)
         for members in by_shape.values():
-            stack = torch.stack([_wide(updates[i]) for i in members])
-            ortho = newton_schulz(stack.to(dtype or stack.dtype), ctx["ns_coefficients"], ctx["ns_steps"], ctx["eps"])
+            first = _wide(updates[members[0]])
+            # stacked straight into the iteration's dtype: one pass, not a float32 stack and then its copy
+            stack = first.new_empty((len(members), *first.shape), dtype=dtype or first.dtype)
+            for row, i in zip(stack, members):
+                row.copy_(_wide(updates[i]))
+            ortho = newton_schulz(stack, ctx["ns_coefficients"], ctx["ns_steps"], ctx["eps"])
             for i, o in zip(members, ortho.to(updates[members[0]].dtype).unbind()):
                 out[i] = o.mT if updates[i].shape[0] > updates[i].shape[1] else o
         return out

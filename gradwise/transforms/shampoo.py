@@ -21,7 +21,15 @@ from gradwise.core.hyper import (
     unit_interval,
 )
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, FactorCounters, accumulate_factors, block_groups, pieces
+from gradwise.transforms.blocking import (
+    Blocking,
+    FactorCounters,
+    accumulate_factors,
+    block_groups,
+    pieces,
+    stacked,
+    write_back,
+)
 from gradwise.transforms.matrix_root import inverse_roots
 
 GRAFTINGS = ("adam", "adagrad", "rmsprop", "sgd")
@@ -120,15 +128,15 @@ class scale_by_shampoo(FactorCounters, Transform):  # noqa: N801 - transforms ar
             out = {i: torch.empty_like(graft[i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             self.factor_skips.add(accumulate_factors(
-                torch.cat([grads[i][k] for i, k in members]), members, state,
+                stacked([grads[i][k] for i, k in members]), members, state,
                 None if ctx["sum_factors"] else ctx["one_minus_beta2"]))
             if recompute:
                 self._refresh_roots(members, state, ctx)
             if not precondition:
                 continue
-            left, right = (torch.cat([state[f"root_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
-            shampoo = left @ torch.cat([m_hat[i][k] for i, k in members]) @ right
-            g = torch.cat([graft[i][k] for i, k in members])
+            left, right = (stacked([state[f"root_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
+            shampoo = left @ stacked([m_hat[i][k] for i, k in members]) @ right
+            g = stacked([graft[i][k] for i, k in members])
             norm = torch.linalg.vector_norm(shampoo, dim=(-2, -1), keepdim=True)
             graft_norm = torch.linalg.vector_norm(g, dim=(-2, -1), keepdim=True)
             blocks = torch.where(norm > 0, shampoo * (graft_norm / norm), g)
@@ -142,13 +150,12 @@ class scale_by_shampoo(FactorCounters, Transform):  # noqa: N801 - transforms ar
     def _refresh_roots(self, members, state, ctx: Context) -> None:
         self.factor_skips.flush()
         for side in ("left", "right"):
-            factors = torch.cat([state[f"factor_{side}"][i][k] for i, k in members]) * ctx["inv_bias2"]
-            previous = torch.cat([state[f"root_{side}"][i][k] for i, k in members])
+            factors = stacked([state[f"factor_{side}"][i][k] for i, k in members]) * ctx["inv_bias2"]
+            previous = stacked([state[f"root_{side}"][i][k] for i, k in members])
             dtype = torch.promote_types(factors.dtype, ctx["preconditioner_dtype"])
             roots, failed = inverse_roots(factors, 4, ctx["epsilon"], dtype, previous)
             self.eigh_failures += failed
-            for (i, k), piece in zip(members, pieces(roots, members)):
-                state[f"root_{side}"][i][k].copy_(piece)
+            write_back(roots, members, state[f"root_{side}"])
 
 
 def _graft(u: Tensor, m: Tensor, v: Tensor, ctx: Context) -> Tensor:

@@ -8,8 +8,16 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, betas_pair, boolean, optional, positive, positive_int, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
-from gradwise.transforms.blocking import Blocking, FactorCounters, accumulate_factors, block_groups, pieces
-from gradwise.transforms.matrix_root import eigenbases, keep_previous
+from gradwise.transforms.blocking import (
+    Blocking,
+    FactorCounters,
+    accumulate_factors,
+    block_groups,
+    pieces,
+    stacked,
+    write_back,
+)
+from gradwise.transforms.matrix_root import eigenbases, finite_blocks, keep_previous
 
 
 class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -82,20 +90,20 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
         moments = {i: blockings[i].split(state["exp_avg"][i]) for i in matrices}
         result = {i: torch.empty_like(grads[i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
-            g = torch.cat([grads[i][k] for i, k in members])
+            g = stacked([grads[i][k] for i, k in members])
             if first:
                 self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
                 self.factor_skips.flush()
                 self._eigenbases(members, state)
-            ql, qr = (torch.cat([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
+            ql, qr = (stacked([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
             rotated = ql.mT @ g @ qr
-            v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
+            v = stacked([state["exp_avg_sq"][i][k] for i, k in members])  # the state itself for a lone member
             v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
-            rotated_moment = ql.mT @ torch.cat([moments[i][k] for i, k in members]) @ qr
+            rotated_moment = ql.mT @ stacked([moments[i][k] for i, k in members]) @ qr
             direction = ql @ (rotated_moment / (v.sqrt() + ctx["eps"])) @ qr.mT
-            for (i, k), piece, v_piece in zip(members, pieces(direction, members), pieces(v, members)):
+            for (i, k), piece in zip(members, pieces(direction, members)):
                 result[i][k] = piece * ctx["step_scale"]
-                state["exp_avg_sq"][i][k].copy_(v_piece)
+            write_back(v, members, state["exp_avg_sq"])
             if not first:
                 self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
             if refresh:
@@ -107,18 +115,17 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
 
     def _eigenbases(self, members, state) -> None:
         for side in ("left", "right"):
-            factors = torch.cat([state[f"factor_{side}"][i][k] for i, k in members])
-            previous = torch.cat([state[f"basis_{side}"][i][k] for i, k in members])
+            factors = stacked([state[f"factor_{side}"][i][k] for i, k in members])
+            previous = stacked([state[f"basis_{side}"][i][k] for i, k in members])
             bases, failed = eigenbases(factors, torch.promote_types(factors.dtype, torch.float32), previous)
             self.eigh_failures += failed
-            for (i, k), piece in zip(members, pieces(bases, members)):
-                state[f"basis_{side}"][i][k].copy_(piece)
+            write_back(bases, members, state[f"basis_{side}"])
 
     def _power_iteration(self, members, state) -> None:
-        v = torch.cat([state["exp_avg_sq"][i][k] for i, k in members])
+        v = stacked([state["exp_avg_sq"][i][k] for i, k in members])
         for side, axis in (("left", -2), ("right", -1)):
-            f = torch.cat([state[f"factor_{side}"][i][k] for i, k in members])
-            q = torch.cat([state[f"basis_{side}"][i][k] for i, k in members])
+            f = stacked([state[f"factor_{side}"][i][k] for i, k in members])
+            q = stacked([state[f"basis_{side}"][i][k] for i, k in members])
             work = torch.promote_types(f.dtype, torch.float32)
             f, q = f.to(work), q.to(work)
             order = ((f @ q) * q).sum(-2).argsort(dim=-1, descending=True)
@@ -126,9 +133,7 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
             index = order[:, :, None] if axis == -2 else order[:, None, :]
             v = v.gather(axis, index.expand_as(v))
             new, _ = torch.linalg.qr(f @ q)
-            new, failed = keep_previous(new, new.isfinite().all(dim=(-2, -1)), q, "eigenbasis")
+            new, failed = keep_previous(new, finite_blocks(new), q, "eigenbasis")
             self.eigh_failures += failed
-            for (i, k), piece in zip(members, pieces(new, members)):
-                state[f"basis_{side}"][i][k].copy_(piece)
-        for (i, k), piece in zip(members, pieces(v, members)):
-            state["exp_avg_sq"][i][k].copy_(piece)
+            write_back(new, members, state[f"basis_{side}"])
+        write_back(v, members, state["exp_avg_sq"])
