@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core import lists
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
 from gradwise.core.transform import Context, state_dtype
@@ -105,10 +106,10 @@ def run_chain(
             for out, u in zip(outputs, updates):
                 out.copy_(u)
         return parts
-    for i, (p, u) in enumerate(zip(params, updates)):
-        if rounding is None:
-            p.add_(u)
-        else:
+    if rounding is None:
+        lists.add_(params, updates)
+    else:
+        for i, (p, u) in enumerate(zip(params, updates)):
             add_stochastically(p, u, rounding[i, 0], rounding[i, 1])
     return parts
 
