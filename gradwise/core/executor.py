@@ -60,13 +60,15 @@ def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, An
     """The inverse of ``pack`` and ``with_totals``: ``(hyper, scalars, reduced)`` dicts of 0-d tensors
     (tuples for tuple entries)."""
     out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}, "reduced": {}}
+    # eagerly, one call for every 0-d view instead of one indexing per entry (traced: the indexing)
+    entries = values if torch.compiler.is_compiling() else values.unbind()
     i = 0
     for kind, name, width in layout:
         if width:
-            out[kind][name] = tuple(values[i + j] for j in range(width))
+            out[kind][name] = tuple(entries[i + j] for j in range(width))
             i += width
         else:
-            out[kind][name] = values[i]
+            out[kind][name] = entries[i]
             i += 1
     return out["hyper"], out["scalar"], out["reduced"]
 
