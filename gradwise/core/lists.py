@@ -24,7 +24,8 @@ def _each(y: Operand, n: int) -> list:
 
 
 def _foreach(xs: list[Tensor]) -> bool:
-    return bool(xs) and not torch.compiler.is_compiling()
+    """Whether to call the foreach kernel: for two tensors or more (for one, the plain op costs less), eagerly."""
+    return len(xs) > 1 and not torch.compiler.is_compiling()
 
 
 def mul(xs: list[Tensor], y: Operand) -> list[Tensor]:
