@@ -9,6 +9,8 @@ hyperparameters and the same fixed random gradients, round after round (the orde
 noisy machine slows every row alike). A round times ``--steps`` steps of each optimizer after ``WARMUP``
 untimed ones (a compile, if any, happens there); the table shows the median over rounds, in microseconds
 per step and as a ratio to torch's default in the same rounds. The machine's load is printed with it.
+Times are this process's CPU time (``time.process_time``): every step runs on one thread, so on a shared
+machine the time other processes hold the core does not count, as wall-clock time would.
 """
 from __future__ import annotations
 
@@ -77,10 +79,10 @@ def measure(params: list, rows: list[str], rounds: int, steps: int) -> dict[str,
         order = rows[r % len(rows):] + rows[:r % len(rows)]
         for row in order:
             optimizer = optimizers[row]
-            start = time.perf_counter()
+            start = time.process_time()
             for _ in range(steps):
                 optimizer.step()
-            times[row].append((time.perf_counter() - start) / steps * 1e6)
+            times[row].append((time.process_time() - start) / steps * 1e6)
     return {row: statistics.median(values) for row, values in times.items()}
 
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     rows = list(ROWS)
-    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); microseconds per step (x torch default)")
+    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); CPU microseconds per step (x torch default)")
     print(f"{'set':<22}{'params':>8}" + "".join(f"{row:>22}" for row in rows))
     results = {}
     for name, params in parameter_sets(names).items():

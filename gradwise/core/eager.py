@@ -46,11 +46,12 @@ def run_eager(
         seed = 0 if seeds is None else seeds[i]
         base = 0 if starts is None else starts[i]
         out = None if outputs is None else outputs[i]
-        if not _sliceable(phase, p, g, state):
+        if phase.elementwise and 0 < p.numel() <= EAGER_CHUNK:
+            # a small tensor is its own piece: no aliasing, no slicing, so its layout does not matter
+            pieces = [(p, g, dict(state), seed, base, out)]
+        elif not _sliceable(phase, p, g, state):
             whole.append(i)
             continue
-        if p.numel() <= EAGER_CHUNK:  # a small tensor is its own piece: no aliasing, no slicing
-            pieces = [(p, g, dict(state), seed, base, out)]
         else:
             flat_p, flat_g = flat_alias(p), flat_alias(g)
             flat_out = None if out is None else flat_alias(out)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core import lists
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
 from gradwise.core.transform import Context, state_dtype
@@ -59,13 +60,15 @@ def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, An
     """The inverse of ``pack`` and ``with_totals``: ``(hyper, scalars, reduced)`` dicts of 0-d tensors
     (tuples for tuple entries)."""
     out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}, "reduced": {}}
+    # eagerly, one call for every 0-d view instead of one indexing per entry (traced: the indexing)
+    entries = values if torch.compiler.is_compiling() else values.unbind()
     i = 0
     for kind, name, width in layout:
         if width:
-            out[kind][name] = tuple(values[i + j] for j in range(width))
+            out[kind][name] = tuple(entries[i + j] for j in range(width))
             i += width
         else:
-            out[kind][name] = values[i]
+            out[kind][name] = entries[i]
             i += 1
     return out["hyper"], out["scalar"], out["reduced"]
 
@@ -105,10 +108,10 @@ def run_chain(
             for out, u in zip(outputs, updates):
                 out.copy_(u)
         return parts
-    for i, (p, u) in enumerate(zip(params, updates)):
-        if rounding is None:
-            p.add_(u)
-        else:
+    if rounding is None:
+        lists.add_(params, updates)
+    else:
+        for i, (p, u) in enumerate(zip(params, updates)):
             add_stochastically(p, u, rounding[i, 0], rounding[i, 1])
     return parts
 

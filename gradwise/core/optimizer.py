@@ -37,7 +37,7 @@ from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, uses
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
-_REBUILT = ("_compiled", "_positions", "_plans", "_scratch")
+_REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups")
 
 
 class Optimizer(PhasedStep, torch.optim.Optimizer):

@@ -52,17 +52,47 @@ def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
                  for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
 
 
-def check_hyperparameters(optimizer, group: Mapping[str, Any]) -> None:
-    """Every hyperparameter the optimizer reads, as ``group`` holds it now (a scheduler may have set it)."""
+def check_hyperparameters(optimizer, group: Mapping[str, Any], last: tuple | None = None) -> tuple | None:
+    """Every hyperparameter the optimizer reads, as ``group`` holds it now (a scheduler may have set it).
+
+    Returns what ``last`` takes at the next check of this group: ``(group, fingerprint)``, the
+    fingerprint of the values checked (plain values with their types, so that ``1`` is not ``True``;
+    lists copied, so that a change in place is seen). A group holding what it held at the check that
+    returned ``last`` is not checked again. A value of any other kind (a tensor, which may change in
+    place) has no fingerprint: its group is checked every time."""
+    values = _fingerprint(group[key] for key in optimizer.hyper_specs)
+    if values is not None and last is not None and last[0] is group and last[1] == values:
+        return last
     for key, spec in optimizer.hyper_specs.items():
         spec.validate(key, group[key])
+    return None if values is None else (group, values)
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _fingerprint(values) -> tuple | None:
+    """``((type, value), ...)`` of plain values (tuples and lists of them as tuples), or None."""
+    out = []
+    for value in values:
+        if type(value) in (tuple, list):
+            if not all(type(v) in _PLAIN for v in value):
+                return None
+            out.append((type(value), tuple((type(v), v) for v in value)))
+        elif type(value) in _PLAIN:
+            out.append((type(value), value))
+        else:
+            return None
+    return tuple(out)
 
 
 def check_step(optimizer) -> None:
     """Everything a step can check before its first write, for every group: hyperparameters, each
     gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
+    last = optimizer.__dict__.get("_checked_groups", ())
+    checked = [check_hyperparameters(optimizer, group, last[index] if index < len(last) else None)
+               for index, group in enumerate(optimizer.param_groups)]
     for index, group in enumerate(optimizer.param_groups):
-        check_hyperparameters(optimizer, group)
         transform = optimizer.transform.for_group(group)
         resolved = (transform, shape_signature(optimizer, group))
         for p in group["params"]:
@@ -85,6 +115,7 @@ def check_step(optimizer) -> None:
                                      f" {tuple(value.shape)}; expected shape {tuple(expected[key][0])}")
                 if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
                     raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
+    optimizer._checked_groups = checked  # after every check passed: a refused group is checked again
 
 
 def refuse_nonfinite(optimizer, work, culprit) -> None:

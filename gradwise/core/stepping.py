@@ -108,7 +108,7 @@ class PhasedStep(ShardedStep):
     def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor]) -> list[Bucket]:
         transform = self.transform.for_group(group)
         fresh = {id(p) for p in params if p not in self.state}
-        states = [self._state_for(p, group) for p in params]
+        states = [self._state_for(p, group, transform) for p in params]
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
@@ -257,12 +257,13 @@ class PhasedStep(ShardedStep):
         warnings.warn(f"gradwise: torch.compile failed ({error!r}); running eagerly from now on", stacklevel=6)
         self._use_compiled = False
 
-    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+    def _state_for(self, p: Tensor, group: dict[str, Any], transform) -> dict[str, Tensor]:
+        """``p``'s state, made (``init``, ``seed``, stored) where it lacks a buffer of ``transform``, the
+        group's chain."""
         state = self.state[p]
-        transform = self.transform.for_group(group)
         sharded = sharding(p) is not None
         keys = self.keys_here(p, group) if sharded else transform.state
-        if "step" not in state or any(not has_buffer(state, k) for k in keys):
+        if "step" not in state or any(k not in state and not has_buffer(state, k) for k in keys):
             fresh = self._sharded_init(p, group) if sharded else \
                 transform.init(torch.view_as_real(p) if p.is_complex() else p, group)
             transform.seed(fresh, self._position(p))

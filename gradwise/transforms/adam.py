@@ -6,6 +6,7 @@ import math
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 
@@ -49,16 +50,21 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
                 "inv_bias1": 1 / (1 - b1**step), "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b2 = ctx["betas"][1]
-        eps, inv_bias1, inv_bias2_sqrt = ctx["eps"], ctx["inv_bias1"], ctx["inv_bias2_sqrt"]
-        maxima = state.get("max_exp_avg_sq", [None] * len(updates))
-        out = []
-        for u, m, v, v_max in zip(updates, state["exp_avg"], state["exp_avg_sq"], maxima):
-            m.lerp_(u, ctx["one_minus_beta1"])
-            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
-            if v_max is not None:
-                v_max.copy_(torch.maximum(v_max, v))
-            out.append(m * inv_bias1 / ((v if v_max is None else v_max).sqrt() * inv_bias2_sqrt + eps))
+        # one list op at a time (``core/lists.py``: foreach kernels eagerly), each as the formula writes it
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        lists.lerp_(m, updates, ctx["one_minus_beta1"])
+        lists.mul_(v, ctx["betas"][1])
+        squares = lists.mul(updates, updates)
+        lists.mul_(squares, ctx["one_minus_beta2"])
+        lists.add_(v, squares)
+        if "max_exp_avg_sq" in state:
+            lists.maximum_(state["max_exp_avg_sq"], v)
+            v = state["max_exp_avg_sq"]
+        denominators = lists.sqrt(v)
+        lists.mul_(denominators, ctx["inv_bias2_sqrt"])
+        lists.add_(denominators, ctx["eps"])
+        out = lists.mul(m, ctx["inv_bias1"])
+        lists.div_(out, denominators)
         return out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, non_negative
 from gradwise.core.transform import Context, Transform
 
@@ -14,8 +15,7 @@ class scale_by_learning_rate(Transform):  # noqa: N801
     hyper = {"lr": Hyper(1e-3, non_negative)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        lr = ctx["lr"]
-        return [u * -lr for u in updates]
+        return lists.mul(updates, -ctx["lr"])
 
 
 class scale_by_schedule(Transform):  # noqa: N801

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, non_negative
 from gradwise.core.transform import Context, Transform
 
@@ -29,7 +30,7 @@ class add_decayed_weights(Transform):  # noqa: N801
         if not ctx.active("weight_decay"):
             return updates
         wd = -ctx["lr"] * ctx["weight_decay"] if self.after_lr else ctx["weight_decay"]
-        return [u + p * wd for u, p in zip(updates, ctx.params)]
+        return lists.add(lists.mul(ctx.params, wd), updates)  # p wd + u: the bits of u + p wd
 
     def __repr__(self) -> str:
         return "add_decayed_weights(after_lr=True)" if self.after_lr else "add_decayed_weights()"

@@ -1,0 +1,127 @@
+"""What a step keeps between steps to stay cheap on small models, and what it must still see.
+
+``check_step`` checks a group's hyperparameters again only when they changed since its last check
+(``state_check.check_hyperparameters``); every change must still be refused before any write: a list
+changed in place, a value of another type that compares equal (0 == False), a tensor changed in place,
+a group replaced. The eager link math runs as foreach kernels over lists (``core/lists.py``), which must
+give the bits of the per-tensor loops they replaced.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gradwise
+
+
+def _stepped(**kwargs):
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(3, 2, generator=gen).requires_grad_() for _ in range(2)]
+    opt = gradwise.AdamW([{"params": [params[0]]}, {"params": [params[1]], **kwargs}], lr=0.1, compile=False)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return opt, params
+
+
+def _refused_changes_nothing(opt, params, error, pattern):
+    before = [p.detach().clone() for p in params], [{k: v.clone() for k, v in opt.state[p].items()} for p in params]
+    with pytest.raises(error, match=pattern):
+        opt.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(params, before[0]))
+    for p, saved in zip(params, before[1]):
+        assert all(torch.equal(opt.state[p][k], v) for k, v in saved.items())
+
+
+def test_a_list_changed_in_place_is_checked_again():
+    opt, params = _stepped(betas=[0.9, 0.999])
+    opt.step()  # checked, and remembered
+    opt.param_groups[1]["betas"][1] = 1.0
+    _refused_changes_nothing(opt, params, ValueError, r"betas\[1\]=1\.0")
+    opt.param_groups[1]["betas"][1] = 0.999
+    opt.step()
+    assert int(opt.state[params[1]]["step"]) == 3
+
+
+def test_an_equal_value_of_another_type_is_checked_again():
+    opt, params = _stepped(maximize=False)
+    opt.param_groups[1]["maximize"] = 0  # 0 == False, but not a flag
+    _refused_changes_nothing(opt, params, TypeError, r"maximize=0: expected True or False")
+
+
+def test_a_tensor_changed_in_place_is_checked_every_step():
+    opt, params = _stepped(lr=torch.tensor(0.1))
+    opt.step()
+    opt.param_groups[1]["lr"].fill_(math.nan)
+    _refused_changes_nothing(opt, params, ValueError, r"lr=tensor\(nan\)")
+
+
+def test_a_replaced_group_is_checked_again():
+    opt, params = _stepped()
+    opt.param_groups[1] = {**opt.param_groups[1], "eps": 0.0}
+    _refused_changes_nothing(opt, params, ValueError, r"eps=0\.0: expected a finite number > 0")
+
+
+def test_a_refused_value_is_refused_at_every_step_until_fixed():
+    opt, params = _stepped()
+    opt.param_groups[0]["weight_decay"] = -1.0
+    for _ in range(2):  # a refusal remembers nothing
+        _refused_changes_nothing(opt, params, ValueError, r"weight_decay=-1\.0")
+    opt.param_groups[0]["weight_decay"] = 0.0
+    opt.step()
+
+
+def test_a_loaded_checkpoint_is_checked_at_the_next_step():
+    opt, params = _stepped()
+    saved = opt.state_dict()
+    opt.load_state_dict(saved)  # new group dicts: nothing remembered of the old ones
+    opt.param_groups[1]["lr"] = -1.0
+    _refused_changes_nothing(opt, params, ValueError, r"lr=-1\.0")
+
+
+def _adamw_by_tensor(params, grads, states, lr, betas, eps, wd, step, amsgrad, maximize):
+    """The eager AdamW step as one op per tensor, in the order of the chain's formulas (the loops
+    ``core/lists.py`` replaced): the reference the foreach kernels must match bit for bit."""
+    b1, b2 = betas
+    dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
+    value = {k: torch.tensor(v, dtype=dtype) for k, v in dict(
+        c1=1 - b1, b2=b2, c2=1 - b2, eps=eps, wd=wd, lr=lr, inv_bias1=1 / (1 - b1**step),
+        inv_bias2_sqrt=1 / math.sqrt(1 - b2**step)).items()}
+    for p, g, st in zip(params, grads, states):
+        u = (-g if maximize else g).to(torch.float32 if p.dtype == torch.bfloat16 else p.dtype)
+        m, v = st["adam.exp_avg"], st["adam.exp_avg_sq"]
+        m.lerp_(u, value["c1"])
+        v.mul_(value["b2"]).add_(u * u * value["c2"])
+        if amsgrad:
+            st["adam.max_exp_avg_sq"].copy_(torch.maximum(st["adam.max_exp_avg_sq"], v))
+            v = st["adam.max_exp_avg_sq"]
+        u = m * value["inv_bias1"] / (v.sqrt() * value["inv_bias2_sqrt"] + value["eps"])
+        u = u + p * value["wd"]
+        p.add_(u * -value["lr"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("amsgrad,maximize", [(False, False), (True, True)])
+def test_eager_adamw_gives_the_bits_of_one_op_per_tensor(dtype, amsgrad, maximize):
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(), (3,), (17, 5), (70_000,), (4, 3, 3, 3)]  # 0-d, small, one sliced into 64K pieces
+    params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    params.append(torch.randn(6, 4, generator=gen).to(dtype).t())  # not contiguous
+    mine = [p.clone().requires_grad_() for p in params]
+    hyper = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = gradwise.AdamW(mine, **hyper, amsgrad=amsgrad, maximize=maximize, compile=False)
+    states = None
+    for step in range(1, 4):
+        grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
+        for p, g in zip(mine, grads):
+            p.grad = g.clone()
+        opt.step()
+        if states is None:  # the first step's state, as a fresh one before it
+            states = [{k: torch.zeros_like(v) for k, v in opt.state[p].items() if k != "step"} for p in mine]
+        _adamw_by_tensor(params, grads, states, hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"],
+                         step, amsgrad, maximize)
+    for p, q, st in zip(mine, params, states):
+        assert torch.equal(p.detach(), q)
+        assert all(torch.equal(opt.state[p][k], v) for k, v in st.items())
