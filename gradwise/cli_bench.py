@@ -32,6 +32,7 @@ RECIPES = {
     "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
     "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),
     "AdamW-int4": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int4"}, 14),
+    "AdamW-fp8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "fp8"}, 16),
 }
 #: the rows ``gradwise bench step`` runs unless ``--recipes`` says otherwise.
 DEFAULT_RECIPES = ["AdamW", "Adam", "NAdamW", "Lion", "SGD"]
