@@ -26,31 +26,37 @@ from torch import Tensor
 
 from gradwise.state.integer import Quantized
 
-#: e4m3fn's NaN code (sign bit clear, every exponent and mantissa bit set).
-NAN_CODE = 0x7F
-
 
 class Float8Map:
-    """Normalized values in [-1, 1] (or [0, 1]) as e4m3 bytes and back; ``root``: store the square
-    root (second moments). Exposes what ``gradwise.state.quantize`` asks of a code map: ``nearest``,
-    ``value``, ``nan_code`` and ``zero`` (the code of 0, so that a positive second moment is never
-    stored as zero but as the smallest subnormal, code 1)."""
+    """Values as e4m3 bytes in units of their scale, and back; ``root``: store the square root
+    (second moments). Stands in for a ``CodeMap`` in ``gradwise.state.quantize``, which asks it for
+    ``codes`` (in place of its own rounding) and ``value``."""
 
     dtype = torch.float8_e4m3fn
-    nan_code, zero = NAN_CODE, 0
 
     def __init__(self, root: bool):
         self.root = root
         self.largest = torch.finfo(self.dtype).max
+        self.smallest = torch.finfo(self.dtype).smallest_normal * 2.0**-3  # the smallest subnormal, 2^-9
 
-    def nearest(self, normalized: Tensor) -> Tensor:
-        """The e4m3 bytes (uint8) of ``normalized`` (finite, within [-1, 1]), rounded to nearest."""
-        y = normalized.sqrt() if self.root else normalized
-        return (y * self.largest).to(self.dtype).view(torch.uint8)
+    def codes(self, x: Tensor, scale: Tensor) -> Tensor:
+        """The e4m3 bytes (uint8) of ``F x / scale`` rounded to nearest (``F``: e4m3's largest value;
+        with ``root``, of ``F sqrt(x / scale)``, a positive value never stored as zero but as the
+        smallest subnormal, so that a second moment is not zero where its first moment is not); NaN
+        and inf as the NaN code. ``scale`` bounds ``|x|``; a product that rounds past ``F`` saturates
+        to ``F`` in the conversion. Every selection is made on float32 values, before the one
+        conversion (selecting among bytes with float masks runs several times slower on the CPU
+        backend), and each element costs one multiplication by its block's factor, no division."""
+        factor = (self.largest**2 if self.root else self.largest) / torch.where(scale > 0, scale, 1.0)
+        y = torch.where(x.abs() < float("inf"), x * factor, float("nan"))
+        if not self.root:
+            return y.to(self.dtype).view(torch.uint8)
+        y = y.clamp(min=0).sqrt()
+        return torch.where(y > 0, y.clamp(min=self.smallest), y).to(self.dtype).view(torch.uint8)
 
     def value(self, codes: Tensor) -> Tensor:
         """The float32 value of each byte in units of its scale (NaN for the NaN code)."""
-        y = codes.view(self.dtype).to(torch.float32) / self.largest
+        y = codes.view(self.dtype).to(torch.float32) * (1 / self.largest)
         return y * y if self.root else y
 
 
