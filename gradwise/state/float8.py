@@ -11,9 +11,11 @@ block scales for both moments), COAT (Xi et al., ICLR 2025, arXiv:2410.19313), w
 expansion raises values to a power before quantizing to fill the format's range.
 
 Second moments (non-negative) store ``sqrt(v / s)`` in e4m3 instead, read back squared: COAT's
-expansion with the exponent 1/2, which spends the sign bit's worth of range where Adam uses it
-(the update divides by ``sqrt(v)``, whose relative error is then e4m3's, 1/16 at most, against
-e5m2's 1/8 on ``v`` itself). Rounding is to nearest in the stored (square-root) domain.
+expansion with the exponent 1/2. A block's second moments span the squares of its gradients'
+decades, twice e4m3's range; their square roots fit it, and the update divides by ``sqrt(v)``,
+whose relative error is then e4m3's, 1/16 at most. (e5m2 on ``v`` itself spans about as many
+decades with about the same error on ``sqrt(v)``; README: the measured comparison.) Rounding is
+to nearest in the stored (square-root) domain.
 
 A NaN or inf is stored as the NaN code (``0x7F``) in its own element; the scales are the finite
 magnitudes' maxima, as the integer codecs' (``gradwise.state.quantize``), which this codec reuses
