@@ -5,7 +5,7 @@ warmup then cosine decay), each format kept by ``StatePolicy(fmt, min_numel=...)
 here) encodes every buffer, 4096 is the policy's own default, which keeps the many small tensors of
 these models in float32. Printed: the final validation loss (and metric), mean over seeds, and each
 format's over float32's. Run with ``python bench/memory.py --arena-quality --formats ''
---quality-formats '' [--arena-quality-min-numel 4096]``.
+--quality-formats '' [--arena-quality-min-numel 4096] [--arena-quality-formats fp32,int8,fp8]``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import statistics
 HYPERPARAMETERS = {"lr": 0.0024519470038049883, "one_minus_beta1": 0.10510186540336922,
                    "weight_decay": 0.014598065960959354, "warmup_factor": 0.1}
 WORKLOADS = ("digits_cnn", "teacher_student", "mnist1d_cnn")
-FORMATS = ("fp32", "bf16", "int8", "int4")
+FORMATS = ("fp32", "bf16", "int8", "int4", "fp8")
 
 
 def final_validation(workload_name: str, state: str, seed: int, steps: int | None = None,
@@ -41,11 +41,12 @@ def final_validation(workload_name: str, state: str, seed: int, steps: int | Non
 
 
 def compare(workloads=WORKLOADS, seeds=(0, 1, 2), steps: int | None = None, min_numel: int = 0,
-            log=print) -> list[dict]:
+            log=print, formats=FORMATS) -> list[dict]:
+    """One row per workload and format (``formats``: fp32 first, the baseline of the ratios)."""
     rows = []
     for name in workloads:
         base = None
-        for state in FORMATS:
+        for state in formats:
             log(f"arena quality: {name} {state}")
             results = [final_validation(name, state, seed, steps, min_numel) for seed in seeds]
             loss = statistics.fmean(r["loss"] for r in results)

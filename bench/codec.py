@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""What the integer codecs cost on their own, against a whole torch AdamW step: the floor under an
+"""What the codecs cost on their own, against a whole torch AdamW step: the floor under an
 encoded-state step.
 
 One buffer of ``--numel`` float32 elements (default: the 25m set's token embedding, its largest
-tensor). Each code map that ``int8`` and ``int4`` use is compiled (``torch.compile``, static shapes)
+tensor). Each code map that ``int8``, ``int4`` and ``fp8`` use is compiled (``torch.compile``, static shapes)
 into three single-pass kernels writing into preallocated outputs: decoding codes to float32 in units
 of one scale, rounding float32 to the nearest code, and rounding stochastically. A compiled scaled
 copy gives the memory-traffic baseline, and ``torch.optim.AdamW(fused=True)`` stepping a parameter of
@@ -12,9 +12,9 @@ of each is reported over the reference's median.
 
 An AdamW step with both moments encoded decodes two buffers and encodes two, so the sum of those
 four medians is a floor under its compiled step (before the update itself, the scale reductions
-and any second pass they need). For comparison, a float8 (e4m3) code, which the CPU converts in a
-few instructions, is timed the same way (not a gradwise codec: the issue prescribes the dynamic map
-for int8). In one fused kernel their memory traffic could overlap; the
+and any second pass they need). ``fp8``'s maps (an e4m3 conversion, and for the second moment a
+square root before it and a square after) take a few instructions where the dynamic map takes a few
+dozen. In one fused kernel their memory traffic could overlap; the
 compute-only floor takes it out: each item's median less the copy's time for the bytes it moves
 (1 or 0.5 byte of codes and 4 bytes of float32 per element, where the copy moves 8).
 Run as ``python bench/codec.py``.
@@ -30,12 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-#: (codec, buffer, map kind, bits, signed, rounding) for each map the integer codecs use by default.
+#: (codec, buffer, map kind, bits, signed, rounding) for each map the codecs use by default.
 MAPS = (
     ("int8", "first moment", "dynamic", 8, True, "nearest"),
     ("int8", "second moment", "dynamic", 8, False, "nearest"),
     ("int4", "first moment", "dynamic", 4, True, "stochastic"),
     ("int4", "second moment", "linear", 4, False, "nearest"),
+    ("fp8", "first moment", "e4m3", 8, True, "nearest"),
+    ("fp8", "second moment", "sqrt e4m3", 8, False, "nearest"),
 )
 WTE_25M = 50257 * 384  # the 25m set's token embedding
 
@@ -44,33 +46,32 @@ def measure(numel: int = WTE_25M, rounds: int = 7, log=print) -> dict:
     import torch
 
     from gradwise.core.hashing import hash32, unsigned
-    from gradwise.state.maps import code_map
+    from gradwise.state import codec_from
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(numel, generator=gen).clamp(-4, 4) / 4 * torch.rand(numel, generator=gen) ** 4
     uniform = unsigned(hash32(torch.arange(numel, dtype=torch.int32), torch.tensor(7))).float() / 2**32
     floats, codes = torch.empty(numel), torch.empty(numel, dtype=torch.uint8)
+    unit = torch.ones(())
     items = {"copy (memory baseline)": (torch.compile(lambda a, out: out.copy_(a * 0.5), dynamic=False), (x, floats))}
     for codec, buffer, kind, bits, signed, rounding in MAPS:
-        cm = code_map(kind, bits, signed)
+        cm = codec_from(codec).maps[signed]  # compiled, the integer maps use their closed forms
         values = x if signed else x.abs()
         stored = torch.randint(0, 2**bits - 1, (numel,), dtype=torch.uint8, generator=gen)
         label = f"{codec} {buffer} ({kind} {bits}-bit, {'signed' if signed else 'non-negative'})"
-        items[f"{label}: decode"] = (torch.compile(lambda c, out, cm=cm: out.copy_(cm.value(c, True) * 0.5),
+        items[f"{label}: decode"] = (torch.compile(lambda c, out, cm=cm: out.copy_(cm.value(c) * 0.5),
                                                    dynamic=False), (stored, floats))
-        if rounding == "nearest":
-            encode = torch.compile(lambda a, out, cm=cm: out.copy_(cm.nearest(a, True).to(torch.uint8)), dynamic=False)
+        if hasattr(cm, "codes"):  # a float8 map rounds by its own conversion, in units of a scale (here 1)
+            encode = torch.compile(lambda a, out, cm=cm: out.copy_(cm.codes(a, unit)), dynamic=False)
+            items[f"{label}: encode nearest"] = (encode, (values, codes))
+        elif rounding == "nearest":
+            encode = torch.compile(lambda a, out, cm=cm: out.copy_(cm.nearest(a).to(torch.uint8)), dynamic=False)
             items[f"{label}: encode nearest"] = (encode, (values, codes))
         else:
-            encode = torch.compile(lambda a, u, out, cm=cm: out.copy_(cm.stochastic(a, u, True).to(torch.uint8)),
+            encode = torch.compile(lambda a, u, out, cm=cm: out.copy_(cm.stochastic(a, u).to(torch.uint8)),
                                    dynamic=False)
             items[f"{label}: encode stochastic"] = (encode, (values, uniform, codes))
-    e4m3 = x.mul(448).to(torch.float8_e4m3fn).view(torch.uint8)
-    items["float8 e4m3, for comparison: decode"] = (torch.compile(
-        lambda c, out: out.copy_(c.view(torch.float8_e4m3fn).float() * (0.5 / 448)), dynamic=False), (e4m3, floats))
-    items["float8 e4m3, for comparison: encode nearest"] = (torch.compile(
-        lambda a, out: out.copy_(a.mul(448).to(torch.float8_e4m3fn).view(torch.uint8)), dynamic=False), (x, codes))
     param = torch.nn.Parameter(torch.randn(numel, generator=gen))
     param.grad = torch.randn(numel, generator=gen) * 1e-2
     reference = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.1, fused=True)
@@ -93,9 +94,8 @@ def measure(numel: int = WTE_25M, rounds: int = 7, log=print) -> dict:
     rows = [{"item": name, "median_ms": ms, "vs_fused": ms / ref} for name, ms in medians.items()]
     per_byte = medians["copy (memory baseline)"] / 8
     floors = {}
-    for codec, bits in (("int8", 8), ("int4", 4), ("float8 e4m3", 8)):
-        parts = [ms for name, ms in medians.items() if name.startswith(f"{codec} ") or name.startswith(f"{codec},")]
-        parts = parts * 2 if codec.startswith("float8") else parts  # one map times both moments
+    for codec, bits in (("int8", 8), ("int4", 4), ("fp8", 8)):
+        parts = [ms for name, ms in medians.items() if name.startswith(f"{codec} ")]
         compute = sum(parts) - len(parts) * per_byte * (4 + bits / 8)
         floors[codec] = {"ms": sum(parts), "vs_fused": sum(parts) / ref,
                          "compute_ms": compute, "compute_vs_fused": compute / ref}

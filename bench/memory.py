@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-FORMATS = ("fp32", "bf16", "int8", "int4")
+FORMATS = ("fp32", "bf16", "int8", "int4", "fp8")
 #: the flags that name a measurement (``args`` attributes); with none given, the first two run.
 MEASUREMENTS = ("bytes", "quality", "peak", "param_rounding", "recipe_quality", "arena_quality", "references")
 #: the quality task: inputs, outlier features and their scales.
@@ -311,12 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true", help="1: also allocate the state with one real step")
     parser.add_argument("--formats", default=",".join(FORMATS),
                         help="1: comma-separated AdamW state formats for the bytes table ('' skips it)")
-    parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,int8-b2048-block",
+    parser.add_argument("--quality-formats", default="fp32,bf16,int8,int4,fp8,int8-b2048-block",
                         help="2: comma-separated formats for the quality runs (fp32 always runs)")
     parser.add_argument("--steps", type=int, default=400, help="2: training steps per run")
     parser.add_argument("--seeds", type=int, default=3, help="2: seeds per format")
     parser.add_argument("--arena-quality-min-numel", type=int, default=0,
                         help="6: encode buffers of at least this many elements (0: all)")
+    parser.add_argument("--arena-quality-formats", default="fp32,bf16,int8,int4,fp8",
+                        help="6: comma-separated formats for the arena runs (fp32 always runs)")
     args = parser.parse_args(argv)
     if not any(getattr(args, m) for m in MEASUREMENTS):
         args.bytes = args.quality = True
@@ -349,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import _memory_arena_quality
 
         min_numel = args.arena_quality_min_numel
-        _memory_arena_quality.print_table(_memory_arena_quality.compare(min_numel=min_numel, log=log), min_numel)
+        formats = ["fp32", *(f for f in args.arena_quality_formats.split(",") if f and f != "fp32")]
+        _memory_arena_quality.print_table(_memory_arena_quality.compare(formats=formats, min_numel=min_numel, log=log),
+                                          min_numel)
     return 0
 
 

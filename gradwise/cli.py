@@ -28,8 +28,8 @@ def _state_format(text: str) -> str:
     try:
         StatePolicy(text)
     except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected fp32, bf16, int8, int4 or a tag such as"
-                                         " int8-b256 or int4-b64-rank1-nearest") from None
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected fp32, bf16, int8, int4, fp8 or a tag"
+                                         " such as int8-b256 or int4-b64-rank1-nearest") from None
     return text
 
 
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     estimate.add_argument("--size", choices=tuple(ESTIMATE_SIZES), default="124m", help="GPT-2 parameter set")
     estimate.add_argument("--recipe", default="AdamW", help="a gradwise recipe name, any case (gradwise list)")
     estimate.add_argument("--state", default="fp32", type=_state_format,
-                          help="state format: fp32, bf16, int8, int4, or a tag such as int8-b256")
+                          help="state format: fp32, bf16, int8, int4, fp8, or a tag such as int8-b256")
     estimate.add_argument("--param-dtype", choices=tuple(PARAM_DTYPES), default="fp32",
                           help="the parameters' dtype; gradwise keeps float32 state for bf16 parameters unless"
                                " --state says otherwise")

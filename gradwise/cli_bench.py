@@ -32,7 +32,7 @@ RECIPES = {
     "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
     "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),
     "AdamW-int4": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int4"}, 14),
-    "AdamW-fp8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "fp8"}, 16),  # skipped by a gradwise without it
+    "AdamW-fp8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "fp8"}, 16),
     # matrices: read p, g, m; write p, m, plus Newton-Schulz's matmuls (compute-bound); the rest: AdamW's 28
     "Muon": ("Muon", {"lr": 0.02}, 20),
 }

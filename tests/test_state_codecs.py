@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from gradwise.state import BF16, Int4, Int8, codec_from
+from gradwise.state import BF16, Fp8, Int4, Int8, codec_from
 from gradwise.state.maps import dynamic_map, linear_map
 
 SEED = torch.tensor(12345)
@@ -92,6 +92,32 @@ def test_integer_codes_are_the_allowed_neighbours(codec, signed, data):
     check_codes(codec, data.draw(buffers(signed)), signed)
 
 
+FP8 = [Fp8(), Fp8(block_size=64), Fp8(normalization="rank1")]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "non-negative"])
+@pytest.mark.parametrize("codec", FP8, ids=repr)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_fp8_stores_the_nearest_e4m3_value_in_units_of_the_papers_scale(codec, signed, data):
+    """Signed buffers: the e4m3 value nearest to x (448 / scale); non-negative ones: nearest to
+    sqrt(x (448^2 / scale)) (COAT's expansion), a positive value never stored as zero but as the
+    smallest subnormal."""
+    x = data.draw(buffers(signed))
+    y, scale = roundtrip(codec, x, signed), reference_scale(codec, x, signed)
+    live = scale > 0
+    stored = (x * (448 / scale))[live] if signed else (x * (448**2 / scale))[live].sqrt()
+    nearest = stored.to(torch.float8_e4m3fn).to(torch.float32)
+    if not signed:
+        nearest = torch.where((nearest == 0) & (stored > 0), 2.0**-9, nearest)
+    expected = (nearest / 448) if signed else (nearest / 448).square()
+    torch.testing.assert_close(y[live], expected * scale[live], rtol=1e-6, atol=0)
+    assert (y[~live] == 0).all(), "an all-zero block or row must decode to zeros"
+    normal = stored.abs() >= 2.0**-6  # e4m3's normal range: 3 mantissa bits, half an ulp at most 1/16
+    relative = ((y[live] - x[live]) / x[live])[normal].abs()
+    assert (relative <= (1 / 16 if signed else 1 / 16 * (2 + 1 / 16)) + 1e-6).all()
+
+
 @settings(max_examples=25, deadline=None)
 @given(x=buffers(signed=True))
 def test_bf16_rounds_to_a_neighbour_and_keeps_zeros(x):
@@ -127,7 +153,7 @@ def test_stochastic_integer_rounding_is_unbiased():
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "non-negative"])
-@pytest.mark.parametrize("codec", [Int8(), Int4(), BF16()], ids=repr)
+@pytest.mark.parametrize("codec", [Int8(), Int4(), BF16(), Fp8()], ids=repr)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_values_stay_in_their_own_element(codec, signed, bad):
     gen = torch.Generator().manual_seed(0)
@@ -153,9 +179,11 @@ def test_bytes_per_element():
     assert Int8().nbytes(shape, False) / shape.numel() == pytest.approx(1 + 4 * (768 + 3072) / shape.numel())
     assert Int4().nbytes(shape, True) / shape.numel() == pytest.approx(0.5 + 4 / 128)
     assert Int4().nbytes(shape, False) / shape.numel() == pytest.approx(0.5 + 4 * (768 + 3072) / shape.numel())
+    assert Fp8().nbytes(shape, True) == Fp8().nbytes(shape, False) == shape.numel() * (1 + 4 / 2048)
 
 
-@pytest.mark.parametrize("spec", ["int9", "INT8", "int8-b", "int8-b100", "int8-b2048-fast", "fp16", 8])
+@pytest.mark.parametrize("spec", ["int9", "INT8", "int8-b", "int8-b100", "int8-b2048-fast", "fp16",
+                                  "fp8-b2048-stochastic", "fp8-b3", 8])
 def test_unknown_codec_names_are_refused(spec):
     with pytest.raises(ValueError, match="state="):
         codec_from(spec)
@@ -168,7 +196,8 @@ def test_block_sizes_must_divide_the_pieces(block):
 
 
 def test_tags_name_the_format_and_parse_back():
-    for codec in [Int8(), Int4(block_size=64), Int8(normalization="block"), Int4(rounding="nearest"), BF16()]:
+    for codec in [Int8(), Int4(block_size=64), Int8(normalization="block"), Int4(rounding="nearest"), BF16(),
+                  Fp8(), Fp8(block_size=256, normalization="rank1")]:
         assert codec_from(codec.tag) == codec
 
 
@@ -184,7 +213,7 @@ def test_a_tiny_positive_second_moment_is_stored_as_the_smallest_code_not_zero(c
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "non-negative"])
-@pytest.mark.parametrize("codec", [*CODECS, BF16()], ids=repr)
+@pytest.mark.parametrize("codec", [*CODECS, BF16(), *FP8], ids=repr)
 @pytest.mark.parametrize("shape", [(0,), (0, 4), (4, 0), (2, 0, 3)], ids=str)
 def test_empty_buffers_encode_and_decode(codec, signed, shape):
     y = roundtrip(codec, torch.zeros(shape), signed)

@@ -15,7 +15,7 @@ def model():
 
 
 @pytest.mark.parametrize("recipe", ["AdamW", "NAdamW", "Lion", "SGD"])
-@pytest.mark.parametrize("state", [None, "bf16", "int8", "int4",
+@pytest.mark.parametrize("state", [None, "bf16", "int8", "int4", "fp8",
                                    gradwise.StatePolicy("int4", rules={r"^0\.": "int8"}, min_numel=100)])
 def test_estimate_equals_the_bytes_a_step_allocates(recipe, state):
     net = model()

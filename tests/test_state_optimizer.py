@@ -13,9 +13,9 @@ from bench._memory_recipe_quality import held_out_loss
 from gradwise.state import StatePolicy
 from tests.registry import CASES, ENTRIES, ONE_PER_RECIPE, build
 
-CODECS = ["bf16", "int8", "int4"]
+CODECS = ["bf16", "int8", "int4", "fp8"]
 #: how far from the float32 trajectory a codec may drift in 15 steps, relative to how far it moved.
-DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6}
+DRIFT = {"bf16": 0.03, "int8": 0.1, "int4": 0.6, "fp8": 0.1}
 #: one case per recipe that keeps encoded state (its last registry case: SGD with Nesterov momentum)
 STATE_CASES = [c for c in ONE_PER_RECIPE if c.entry.state]
 
@@ -57,8 +57,14 @@ def train(opt, net, steps, start=0):
     return [p.detach().clone() for p in net.parameters()]
 
 
-@pytest.mark.parametrize("state", CODECS)
-@pytest.mark.parametrize("case", [c for c in CASES if c.trains and c.entry.state], ids=lambda c: c.name)
+#: fp8 on one recipe of each kind of state (elementwise moments, momentum only, a factored second moment,
+#: Schedule-Free's v beside an exact z): it stores through the int8 codec's code paths, tested on every recipe
+FP8_CASES = ("adamw", "lion", "sgd-nesterov", "adafactor", "schedule-free-adamw")
+
+
+@pytest.mark.parametrize(("case", "state"), [
+    pytest.param(c, state, id=f"{c.name}-{state}") for state in CODECS for c in CASES
+    if c.trains and c.entry.state and (state != "fp8" or c.name in FP8_CASES)])
 def test_every_recipe_keeps_large_state_encoded_and_follows_fp32(case, state):
     start = [p.detach().clone() for p in model().parameters()]
     net = model()
@@ -253,7 +259,8 @@ def test_resume_is_bit_identical(state):
         assert torch.equal(value, resumed) and value.dtype == resumed.dtype
 
 
-@pytest.mark.parametrize(("source", "target"), [("fp32", "int8"), ("int8", "fp32"), ("int8", "int4"), ("bf16", "int8")])
+@pytest.mark.parametrize(("source", "target"), [("fp32", "int8"), ("int8", "fp32"), ("int8", "int4"), ("bf16", "int8"),
+                                                       ("int8", "fp8"), ("fp8", "fp32")])
 def test_loading_another_format_converts_with_a_message(source, target):
     net = model()
     opt = gradwise.AdamW(net.parameters(), lr=1e-2, state=source, compile=False)
@@ -319,7 +326,7 @@ def test_bad_state_arguments_name_themselves(state, error, match):
         gradwise.Lion(model().parameters(), state=state)
 
 
-@pytest.mark.parametrize("state", ["int8", "int4"])
+@pytest.mark.parametrize("state", ["int8", "int4", "fp8"])
 def test_a_nan_gradient_poisons_only_its_own_element(state):
     w = torch.nn.Parameter(torch.randn(128, 64))
     opt = gradwise.AdamW([w], lr=1e-2, state=state, compile=False)

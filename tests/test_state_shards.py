@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradwise.state import BF16, Int4, Int8
+from gradwise.state import BF16, Fp8, Int4, Int8
 from gradwise.state.quantize import unpack4
 from gradwise.state.shards import LocalShard, unpack_rows
 
 SEED = torch.tensor(4242)
 #: (codec, shape): odd and even rows, rows shorter and longer than a block, a vector, a 4-d tensor
-CASES = [(codec, shape) for codec in (Int8(block_size=64), Int4(), Int4(rounding="stochastic"))
+CASES = [(codec, shape) for codec in (Int8(block_size=64), Int4(), Int4(rounding="stochastic"), Fp8(block_size=64))
          for shape in ((67, 64), (13, 301), (5, 3000), (700,), (6, 3, 5, 7))]
 
 
@@ -52,7 +52,7 @@ def test_one_shard_holds_todays_codes_rows_first(codec, shape, signed):
 
 
 @pytest.mark.parametrize("codec, stochastic", [(Int8(block_size=64), False), (Int4(rounding="stochastic"), True),
-                                               (BF16(), True)], ids=str)
+                                               (BF16(), True), (Fp8(block_size=64), False)], ids=str)
 def test_shards_at_block_boundaries_encode_the_whole_tensors_codes(codec, stochastic):
     """Rows of 128 elements: every row boundary is a block boundary, so each shard's codes, stochastic
     bits included, are the whole tensor's: its random bits come from its logical offset, not from 0."""

@@ -88,16 +88,17 @@ def n_blocks(numel: int, block: int) -> int:
 
 
 def codec_from(spec: Any, argument: str = "state") -> Codec | None:
-    """A codec from a name (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``), a tag
+    """A codec from a name (``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``), a tag
     (``"int8-b256"``), or a ``Codec``; ``None`` for float32 (the buffer is stored as it is)."""
     from gradwise.state.bf16 import BF16
+    from gradwise.state.float8 import Fp8
     from gradwise.state.integer import Int4, Int8
 
     if isinstance(spec, Codec):
         return spec
     if spec is None or spec in ("fp32", "float32"):
         return None
-    names = {"bf16": BF16, "int8": Int8, "int4": Int4}
+    names = {"bf16": BF16, "int8": Int8, "int4": Int4, "fp8": Fp8}
     if isinstance(spec, str):
         name, separator, rest = spec.partition("-b")
         block, *options = rest.split("-")
@@ -106,10 +107,10 @@ def codec_from(spec: Any, argument: str = "state") -> Codec | None:
         normalization = next((o for o in options if o in ("block", "rank1")), "default")
         rounding = next((o for o in options if o in ("nearest", "stochastic")), "default")
         named = (normalization != "default") + (rounding != "default")
-        if name in ("int8", "int4") and block.isdigit() and len(options) == named:
+        if name in ("int8", "int4", "fp8") and block.isdigit() and len(options) == named:
             try:
                 return names[name](block_size=int(block), normalization=normalization, rounding=rounding)
             except ValueError as error:
                 raise ValueError(f"invalid {argument}={spec!r}: {error}") from None
-    raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4' (or a tag such as"
-                     " 'int8-b256', 'int4-b64-rank1-nearest'), a gradwise.state codec, or a StatePolicy")
+    raise ValueError(f"invalid {argument}={spec!r}: expected one of 'fp32', 'bf16', 'int8', 'int4', 'fp8' (or a tag"
+                     " such as 'int8-b256', 'int4-b64-rank1-nearest'), a gradwise.state codec, or a StatePolicy")

@@ -69,8 +69,12 @@ class Quantized(Codec):
         self.block_size = check_block_size("block_size", self.default_block if block_size is None else block_size)
         self.normalization = choice(_NORMALIZATIONS)("normalization", normalization)
         #: the code map of signed and of non-negative buffers, built here (not while compiling a step)
-        self.maps = {signed: code_map(layout[1], self.bits, signed)
+        self.maps = {signed: self.code_map(layout[1], signed)
                      for signed, layout in ((True, self.signed_layout), (False, self.unsigned_layout))}
+
+    def code_map(self, kind: str, signed: bool):
+        """The map of ``kind`` (a layout's second field) for signed or non-negative buffers."""
+        return code_map(kind, self.bits, signed)
 
     @property
     def tag(self) -> str:

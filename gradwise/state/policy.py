@@ -28,7 +28,7 @@ class StatePolicy:
     """Pick a codec (``None``: float32) per parameter from its name, shape and size.
 
     Args:
-        default: codec for parameters no rule matches: ``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``,
+        default: codec for parameters no rule matches: ``"fp32"``, ``"bf16"``, ``"int8"``, ``"int4"``, ``"fp8"``,
             a tag such as ``"int8-b256"`` or a codec object.
         rules: ``{pattern: codec}`` or ``[(pattern, codec), ...]``; the first pattern found
             (``re.search``) in a parameter's name decides, whatever the size.
@@ -79,5 +79,5 @@ def policy_from(state: Any) -> StatePolicy | None:
         return state
     if isinstance(state, (str, Codec)):
         return StatePolicy(codec_from(state))
-    raise TypeError(f"invalid state={state!r}: expected a codec name ('fp32', 'bf16', 'int8', 'int4'),"
+    raise TypeError(f"invalid state={state!r}: expected a codec name ('fp32', 'bf16', 'int8', 'int4', 'fp8'),"
                     " a codec, or a gradwise.state.StatePolicy")

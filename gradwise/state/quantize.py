@@ -23,8 +23,10 @@ from gradwise.state.maps import CodeMap
 
 
 def finite_absmax(x: Tensor, dim: int) -> Tensor:
-    """Largest finite magnitude along ``dim`` (kept), 0 where there is none."""
-    return torch.where(torch.isfinite(x), x.abs(), 0.0).amax(dim, keepdim=True)
+    """Largest finite magnitude along ``dim`` (kept), 0 where there is none. (``|x| < inf`` is
+    ``isfinite``, NaN comparing false, in one comparison where compiled ``isfinite`` makes two.)"""
+    magnitude = x.abs()
+    return torch.where(magnitude < float("inf"), magnitude, 0.0).amax(dim, keepdim=True)
 
 
 def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None = None,
@@ -36,7 +38,11 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
 
     For non-negative buffers, a positive value nearer zero than the smallest positive code rounds up
     to that code: a second moment is never stored as zero while its first moment is not, which would
-    turn m / (sqrt(v) + eps) into a step of m / eps (the zero-point failure of Li et al.)."""
+    turn m / (sqrt(v) + eps) into a step of m / eps (the zero-point failure of Li et al.).
+
+    A float8 map (``gradwise.state.float8``) rounds to nearest by its own conversion, ``codes``."""
+    if hasattr(code_map, "codes"):
+        return code_map.codes(x, scale)
     finite = torch.isfinite(x)
     normalized = torch.where(finite, x / torch.where(scale > 0, scale, 1.0), 0.0).clamp(-1 if signed else 0, 1)
     if seed is None:

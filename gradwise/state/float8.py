@@ -1,0 +1,80 @@
+"""The ``fp8`` codec: each element a float8 number in units of its block's scale.
+
+An element ``x`` of a block whose largest finite magnitude is ``s`` is stored as the float8 value
+nearest to ``F x / s`` (``F``: the format's largest finite value, 448 for e4m3), one byte, and read
+back as ``s q / F``; the scale ``s`` is a float32 per block, as int8's (Dettmers et al., ICLR 2022).
+A float8 code has a floating exponent, so its relative precision is the same at every magnitude of
+the block (3 mantissa bits for e4m3: a relative error of at most 1/16) where the dynamic map's
+falls in its low decades, and it converts in a few instructions, where finding a value's place in
+the dynamic map takes a few dozen (``bench/codec.py``). Prior art: torchao's ``AdamWFp8`` (e4m3 with
+block scales for both moments), COAT (Xi et al., ICLR 2025, arXiv:2410.19313), whose dynamic range
+expansion raises values to a power before quantizing to fill the format's range.
+
+Second moments (non-negative) store ``sqrt(v / s)`` in e4m3 instead, read back squared: COAT's
+expansion with the exponent 1/2. A block's second moments span the squares of its gradients'
+decades, twice e4m3's range; their square roots fit it, and the update divides by ``sqrt(v)``,
+whose relative error is then e4m3's, 1/16 at most. (e5m2 on ``v`` itself spans about as many
+decades with about the same error on ``sqrt(v)``; README: the measured comparison.) Rounding is
+to nearest in the stored (square-root) domain.
+
+A NaN or inf is stored as the NaN code (``0x7F``) in its own element; the scales are the finite
+magnitudes' maxima, as the integer codecs' (``gradwise.state.quantize``), which this codec reuses
+whole: its maps stand in for a ``CodeMap``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradwise.state.integer import Quantized
+
+
+class Float8Map:
+    """Values as e4m3 bytes in units of their scale, and back; ``root``: store the square root
+    (second moments). Stands in for a ``CodeMap`` in ``gradwise.state.quantize``, which asks it for
+    ``codes`` (in place of its own rounding) and ``value``."""
+
+    dtype = torch.float8_e4m3fn
+
+    def __init__(self, root: bool):
+        self.root = root
+        self.largest = torch.finfo(self.dtype).max
+        self.smallest = torch.finfo(self.dtype).smallest_normal * 2.0**-3  # the smallest subnormal, 2^-9
+
+    def codes(self, x: Tensor, scale: Tensor) -> Tensor:
+        """The e4m3 bytes (uint8) of ``F x / scale`` rounded to nearest (``F``: e4m3's largest value;
+        with ``root``, of ``F sqrt(x / scale)``, a positive value never stored as zero but as the
+        smallest subnormal, so that a second moment is not zero where its first moment is not); NaN
+        and inf as the NaN code. ``scale`` bounds ``|x|``; a product that rounds past ``F`` saturates
+        to ``F`` in the conversion. Every selection is made on float32 values, before the one
+        conversion (selecting among bytes with float masks runs several times slower on the CPU
+        backend), and each element costs one multiplication by its block's factor, no division."""
+        factor = (self.largest**2 if self.root else self.largest) / torch.where(scale > 0, scale, 1.0)
+        y = torch.where(x.abs() < float("inf"), x * factor, float("nan"))
+        if not self.root:
+            return y.to(self.dtype).view(torch.uint8)
+        y = y.clamp(min=0).sqrt()
+        return torch.where(y > 0, y.clamp(min=self.smallest), y).to(self.dtype).view(torch.uint8)
+
+    def value(self, codes: Tensor) -> Tensor:
+        """The float32 value of each byte in units of its scale (NaN for the NaN code)."""
+        y = codes.view(self.dtype).to(torch.float32) * (1 / self.largest)
+        return y * y if self.root else y
+
+
+class Fp8(Quantized):
+    """1 byte per element plus a float32 scale per 2048-element block (both moments): 1.002 bytes
+    per element. ``normalization="rank1"`` scales by row and column maxima instead; rounding is to
+    nearest only."""
+
+    name = "fp8"
+    signed_layout = ("block", "e4m3", "nearest")
+    unsigned_layout = ("block", "e4m3-sqrt", "nearest")
+
+    def __init__(self, block_size: int | None = None, normalization: str = "default", rounding: str = "default"):
+        super().__init__(block_size, normalization, rounding)
+        if self.rounding == "stochastic":
+            raise ValueError("invalid rounding='stochastic': fp8 rounds to nearest ('default' or 'nearest')")
+
+    def code_map(self, kind: str, signed: bool) -> Float8Map:
+        return Float8Map(root=kind == "e4m3-sqrt")
