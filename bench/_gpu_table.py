@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The Markdown table of ``bench/gpu.sh``: one row per recipe from ``bench/step.py --json`` runs (one run per
 recipe, each with torch's fused AdamW measured in it), achieved memory bandwidth as a share of the device's copy
-bandwidth, and notes for the rows that were skipped, failed or ran out of time.
+bandwidth, and notes for the rows that failed or ran out of time.
 
 achieved bandwidth = bytes moved per parameter x parameters / median step time; the copy bandwidth is
 (read + write) / time of a device-to-device ``dst.copy_(src)``, measured in the same run as the row.
@@ -44,7 +44,6 @@ def table(results: list[dict], tests: str, notes: list[str]) -> str:
                 lines.append("| " + " | ".join(_cells(row, result["header"])) + " |")
             elif row["path"] == "fused" and fused is None:
                 fused = "| " + " | ".join(_cells(row, result["header"])) + " |"
-        notes = notes + [f"{recipe}: skipped, {why}" for recipe, why in result["header"].get("skipped", {}).items()]
     if fused:
         lines.append(fused)
     lines += [""] + [f"- {note}" for note in notes]

@@ -8,8 +8,7 @@
 #   bench/gpu.sh OUT.md
 #
 # Settings (environment): DEVICE=cuda SIZE=124m STEPS=10 PATHS=compiled COPY_MB=512
-#   ROWS="AdamW AdamW-int8 AdamW-fp8 AdamW-bf16 Lion Muon Ranger21" (a state format the installed gradwise
-#   lacks is skipped, with a note), TEST_SECONDS=120 ROW_SECONDS=45, TESTS="-m cuda" (pytest's arguments),
+#   ROWS="AdamW AdamW-int8 AdamW-fp8 AdamW-bf16 Lion Muon Ranger21", TEST_SECONDS=120 ROW_SECONDS=45, TESTS="-m cuda" (pytest's arguments),
 #   PYTHON (default: .venv/bin/python, after `make .venv/.installed` installs what the Makefile installs).
 set -euo pipefail
 

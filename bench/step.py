@@ -160,12 +160,8 @@ def measure(args, log=lambda message: None) -> dict:
     bandwidths, adds = bandwidth("copy", args.copy_mb, device), bandwidth("add", args.copy_mb, device)
     log(f"parameters and torch references for {args.size}")
     bench = Bench(args.size, device=device)
-    skipped = {r: why for r in args.recipes if (why := unknown_state(RECIPES[r][1]))}
-    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes),
-                   "skipped": skipped})
-    for recipe, why in skipped.items():
-        log(f"{recipe} skipped: {why}")
-    jobs = [(r, p) for r in args.recipes if r not in skipped for p in args.paths]
+    header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes)})
+    jobs = [(r, p) for r in args.recipes for p in args.paths]
     measured = []
     with _inductor_cache(args.warm_cache):
         for i, (recipe, path) in enumerate(jobs, 1):
@@ -217,17 +213,6 @@ def _inductor_cache(warm: bool):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def unknown_state(hyper: dict) -> str | None:
-    """Why the installed gradwise cannot run a row's ``state=`` format (a format newer than it), or None."""
-    from gradwise.state.codec import codec_from
-
-    try:
-        codec_from(hyper.get("state"))
-    except ValueError:
-        return f"state={hyper['state']!r} is not a state format of the installed gradwise"
-    return None
-
-
 def device_name(device: str) -> str:
     """The accelerator's name (``torch.cuda.get_device_name``), or the CPU's model."""
     import torch
@@ -277,8 +262,6 @@ def render(result: dict, out) -> None:
                       compile_s, f"{r['vs_fused']:.2f}", f"{r['vs_foreach']:.2f}",
                       f"{r['state_bytes_per_param']:.4f}", f"{r['bound_ms']:.2f}", f"{r['vs_bound']:.2f}")
     out.print(table)
-    for recipe, why in h.get("skipped", {}).items():
-        out.print(f"{recipe}: skipped, {why}")
     out.print("compile s: seconds (graphs) from compile_stats, spent in the warm-up steps and excluded from the "
               "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: "
               "row median over torch's median in the same interleaved rounds. "
