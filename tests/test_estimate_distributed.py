@@ -3,8 +3,7 @@
 One 4-rank spawn (a flat mesh of 4 shards, then an HSDP mesh of 2 replicas x 2 shards, whose shard
 groups of two stand for a 2-rank world) steps every case twice on a small model with uneven shards
 (7 rows over 4 ranks), a matrix large enough to be encoded, an embedding and a norm. Each rank reports,
-after the second step, the
-bytes of every tensor in ``optimizer.state`` (a DTensor by its local shard) and what
+after the second step, the bytes of every tensor in ``optimizer.state`` (a DTensor by its local shard) and what
 ``optimizer.comm_stats`` counted during that step (the first also builds the state); the test compares
 them with the estimate computed here, from the unsharded model's shapes, without a process group.
 The fast tests below check the estimate's own promises in-process: one rank holds the unsharded state
