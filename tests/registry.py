@@ -230,3 +230,18 @@ ENTRY = {e.recipe: e for e in ENTRIES}
 def build(recipe, params, **kwargs):
     """``recipe(params, **kwargs)`` with the arguments it requires filled in."""
     return ENTRY[recipe].build(params, **kwargs)
+
+
+def nudge_hyperparameters(optimizer, step):
+    """Multiply every float hyperparameter of every group (each number of a tuple too) by 1 - step / 100:
+    a schedule of all of them at once, within every recipe's bounds (betas stay below 1, zero stays zero)."""
+    factor = 1 - step / 100
+    for group in optimizer.param_groups:
+        for key, spec in optimizer.hyper_specs.items():
+            value = group[key]
+            if spec.static:
+                continue
+            if isinstance(value, float):
+                group[key] = value * factor
+            elif isinstance(value, tuple) and all(isinstance(v, float) for v in value):
+                group[key] = tuple(v * factor for v in value)
