@@ -246,3 +246,21 @@ ENTRY = {e.recipe: e for e in ENTRIES}
 def build(recipe, params, **kwargs):
     """``recipe(params, **kwargs)`` with the arguments it requires filled in."""
     return ENTRY[recipe].build(params, **kwargs)
+
+
+def nudge_hyperparameters(optimizer, step):
+    """Move every float hyperparameter of every group (each number of a tuple too) by a factor step / 100
+    away from 1: one under 1 shrinks, one of 1 or more grows. A schedule of all of them at once, within
+    every recipe's bounds (betas stay in (0, 1), Adafactor's d and CAME's clip threshold >= 1, zero stays zero)."""
+    def nudged(value):
+        return value * (1 + step / 100 if value >= 1 else 1 - step / 100)
+
+    for group in optimizer.param_groups:
+        for key, spec in optimizer.hyper_specs.items():
+            value = group[key]
+            if spec.static:
+                continue
+            if isinstance(value, float):
+                group[key] = nudged(value)
+            elif isinstance(value, tuple) and all(isinstance(v, float) for v in value):
+                group[key] = tuple(nudged(v) for v in value)

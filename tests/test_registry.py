@@ -12,7 +12,7 @@ import torch
 
 import gradwise
 from gradwise.recipes import takes_state
-from tests.registry import ENGINE_KEYWORDS, ENTRIES, ENTRY
+from tests.registry import ENGINE_KEYWORDS, ENTRIES, ENTRY, nudge_hyperparameters
 
 #: each engine keyword's default, as every recipe's signature states it
 DEFAULTS = {"param_rounding": "nearest", "maximize": False, "skip_nonfinite": False, "compile": "auto", "state": None}
@@ -70,17 +70,22 @@ def test_declared_torch_counterpart_is_the_checkpoint_format_it_converts(entry):
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if not e.compiles], ids=lambda e: e.name)
 def test_batched_chains_compile_only_their_elementwise_rest(entry):
     """Their batched links (one eigh or matmul over same-shaped matrices) run eagerly with compile=True;
-    the elementwise links after them run as their own compiled phase (core/phases.py), as eager does."""
+    the elementwise links after them run as their own compiled phase (core/phases.py), as eager does,
+    and a scheduler changing every float hyperparameter before the next steps compiles nothing more."""
     runs = []
     for compile in (True, False):
         params = _params()
         optimizer = entry.build(params, compile=compile, **entry.configs[0].kwargs)
-        for p in params:
-            p.grad = torch.ones_like(p)
-        optimizer.step()
-        runs.append((params, optimizer.compile_stats["compiles"]))
+        counts = []
+        for step in range(3):
+            for p in params:
+                p.grad = torch.ones_like(p) * (step + 1)
+            nudge_hyperparameters(optimizer, step)
+            optimizer.step()
+            counts.append(optimizer.compile_stats["compiles"])
+        runs.append((params, counts))
     (compiled, graphs), (eager, none) = runs
-    assert none == 0 and graphs <= 2  # the elementwise rest: flat graphs of any length (a group, and one)
+    assert none == [0, 0, 0] and 1 <= graphs[0] <= 2 and graphs == graphs[:1] * 3  # the elementwise rest, flat
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 

@@ -3,9 +3,9 @@ compiled path, ``CompiledStep``. (The eager path, ``eager.py``, calls ``run_chai
 
 Compiled: ``torch.compile`` turns the chain into one fused loop per parameter that reads grad, param
 and state once and writes param and state once, allocating nothing per step. An elementwise chain is
-compiled for flat 1-D tensors of symbolic length, so two graphs (a group of parameters, and one
-parameter) serve every parameter whatever its shape. Hyperparameters and per-step scalars arrive
-packed in one tensor, so changing them never recompiles.
+compiled for flat 1-D tensors of symbolic length, ``GROUP`` of them per call, a short group padded
+with two-element copies: one graph serves every parameter whatever its shape. Hyperparameters and
+per-step scalars arrive packed in one tensor, so changing them never recompiles.
 """
 from __future__ import annotations
 
@@ -129,8 +129,11 @@ class CompiledStep:
     """``torch.compile`` of one phase of the chain's step, with its own dynamo cache, counted and timed.
 
     An elementwise phase is compiled for flat 1-D tensors of symbolic length, ``GROUP`` parameters
-    per call (each its own length) plus single parameters for the remainder: two graphs serve every
-    parameter whatever its shape. Other chains are compiled one parameter at a time for its shape.
+    per call (each its own length), the last call's short group padded with throwaway two-element
+    copies (``pad``): one graph serves every parameter whatever its shape, and each graph costs
+    seconds of C++ compilation. A phase whose output feeds a reduction is not padded (a copy's update
+    would count in the statistic): its remainder runs one parameter at a time, a second graph. Other
+    chains are compiled one parameter at a time for its shape.
     Each instance compiles a private copy of the step function, so optimizers never share (or
     exhaust) one recompile budget. ``compiles`` counts graph compilations and ``compile_seconds``
     adds up the wall time of the calls that compiled (tracing, code generation and that first run).
@@ -184,22 +187,27 @@ class CompiledStep:
         self.done = 0
         parts = []
         size = GROUP if self._flatten else 1
+        padded = self._flatten and self.phase.reducer is None
         while self.done < len(params):
-            n = size if len(params) - self.done >= size else 1
+            left = len(params) - self.done
+            n = size if left >= size else left if padded else 1
             batch = slice(self.done, self.done + n)
             first = [0] * n if starts is None else starts[batch]
-            rounding = None if seeds is None else rounding_rows(seeds[batch], first, params[0].device)
+            extra = [0] * (size - n if padded else 0)  # the padding's seeds and starts (its writes are thrown away)
+            rounding = None if seeds is None else rounding_rows(seeds[batch] + extra, first + extra, params[0].device)
             parts.append(self._call(params[batch], inputs[batch], states[batch], values, layout, static, rounding,
-                                    None if outputs is None else outputs[batch]))
+                                    None if outputs is None else outputs[batch], len(extra)))
             self.done += n
         return parts
 
-    def _call(self, params, grads, states, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
+    def _call(self, params, grads, states, values, layout, static, rounding, outputs, padding=0) -> dict[str, Tensor]:
         if self._flatten:
             states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
                       for p, st in zip(params, states)]
             params, grads = [self._flat(p) for p in params], [flat_alias(g) for g in grads]
             outputs = None if outputs is None else [flat_alias(o) for o in outputs]
+            if padding:
+                params, grads, states, outputs = pad(params, grads, states, outputs, padding)
         else:
             # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
             params = [p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
@@ -224,6 +232,18 @@ class CompiledStep:
             logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.phase, len(params),
                         params[0].dtype, params[0].device, seconds)
         return parts
+
+
+def pad(params: list[Tensor], grads: list[Tensor], states: list[dict[str, Tensor]], outputs: list[Tensor] | None,
+        count: int) -> tuple[list[Tensor], list[Tensor], list[dict[str, Tensor]], list[Tensor] | None]:
+    """The flat tensors of a short group followed by ``count`` throwaway copies of the last parameter's
+    first two elements (and its other state whole), so that the group's graph runs it: two elements, as
+    dynamo specializes lengths 0 and 1. What the copies write is thrown away."""
+    p, g, st = params[-1], grads[-1], states[-1]
+    twin = {k: v[:2].clone() if v.shape == p.shape else v.clone() for k, v in st.items()}
+    copies = [{k: v.clone() for k, v in twin.items()} for _ in range(count)]
+    return (params + [p[:2].clone() for _ in range(count)], grads + [g[:2].clone() for _ in range(count)],
+            states + copies, None if outputs is None else outputs + [outputs[-1][:2].clone() for _ in range(count)])
 
 
 def flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
