@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-from gradwise.cli_bench import RECIPES, _names, positive_int_argument  # noqa: E402
+from gradwise.cli_bench import RECIPES, names_argument, positive_int_argument  # noqa: E402
 from gradwise.help_format import HelpFormatter  # noqa: E402
 from gradwise.shapes import SIZES, gpt2_shapes  # noqa: E402
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/compile_time.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     parser.add_argument("--size", choices=tuple(SIZES), default="25m", help="parameter set (as bench/step.py's)")
-    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=list(RECIPES),
+    parser.add_argument("--recipes", type=names_argument(tuple(RECIPES)), default=list(RECIPES),
                         help=f"comma-separated subset of {','.join(RECIPES)}")
     parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T", help="torch.set_num_threads")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")

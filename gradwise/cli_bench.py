@@ -55,7 +55,8 @@ def positive_int_argument(text: str) -> int:
     return value
 
 
-def _names(allowed: tuple[str, ...]):
+def names_argument(allowed: tuple[str, ...]):
+    """An argparse ``type``: comma-separated names among ``allowed``, in any case, each kept once."""
     lookup = {a.lower(): a for a in allowed}
 
     def parse(text: str) -> list[str]:
@@ -78,9 +79,10 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help=f"timed steps per row, after {WARMUP} warm-up steps")
     parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T",
                         help="torch.set_num_threads")
-    parser.add_argument("--recipes", type=_names(tuple(RECIPES)), default=DEFAULT_RECIPES,
+    parser.add_argument("--recipes", type=names_argument(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
-    parser.add_argument("--paths", type=_names(PATHS), default=list(PATHS), help="comma-separated: eager,compiled")
+    parser.add_argument("--paths", type=names_argument(PATHS), default=list(PATHS),
+                        help="comma-separated: eager,compiled")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="where parameters, gradients, state and the copy live (cuda: timed with synchronize)")
     parser.add_argument("--copy-mb", type=positive_int_argument, default=512, metavar="MB",
