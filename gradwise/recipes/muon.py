@@ -13,6 +13,7 @@ from gradwise.transforms.newton_schulz import (
     orthogonalize_by_newton_schulz,
     scale_by_shape,
 )
+from gradwise.transforms.polar_express import as_schedule
 from gradwise.transforms.route import matrices, route
 
 
@@ -24,7 +25,8 @@ class Muon(Optimizer):
     ``"matrix"`` (Muon) or ``"other"`` (AdamW with the ``adamw_*`` hyperparameters).
 
     Matrices:  B <- mu B + (1-mu) G;  U <- (1-mu) G + mu B (nesterov) or B;
-    O <- NS_5(U) (quintic Newton-Schulz in ``ns_dtype``, same-shaped matrices batched);
+    O <- NS_5(U) (quintic Newton-Schulz in ``ns_dtype``, same-shaped matrices batched; ``ns_coefficients``
+    one (a, b, c), a schedule of them, one per iteration, or ``"polar_express"``: Amsel et al., 2025);
     W <- W - lr (s O + wd W), with s = sqrt(max(1, A/B)) for an A x B matrix (``adjust_lr_fn``).
     Others: AdamW with ``adamw_lr`` and ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``.
     LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle ``momentum``, as for torch.optim.Muon.
@@ -47,7 +49,7 @@ class Muon(Optimizer):
         transform = route(
             rule,
             matrix=(muon, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                               ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps,
+                               ns_coefficients=as_schedule(ns_coefficients), eps=eps, ns_steps=ns_steps,
                                adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)),
             other=(adamw, dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay)),
         )

@@ -1,6 +1,7 @@
 """Muon's matrix step: orthogonalize the update by a quintic Newton-Schulz iteration, then rescale it
 by the matrix's shape (Jordan et al., 2024, "Muon: an optimizer for hidden layers in neural
-networks", https://kellerjordan.github.io/posts/muon/; Liu et al., 2025, arXiv:2502.16982)."""
+networks", https://kellerjordan.github.io/posts/muon/; Liu et al., 2025, arXiv:2502.16982). The
+iteration takes one (a, b, c) or a schedule of them, Polar Express's included (``polar_express.py``)."""
 from __future__ import annotations
 
 import math
@@ -10,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, choice, int_in, number_in, positive, sequence_of
+from gradwise.core.hyper import Hyper, choice, int_in, positive
 from gradwise.core.transform import Context, Transform
+from gradwise.transforms.polar_express import coefficient_schedule, iteration_coefficients, norm_factor
 
 #: (a, b, c) of the quintic from the Muon reference: the largest slope at zero for which five
 #: iterations still map every singular value in (0, 1] into about [0.7, 1.2].
@@ -20,17 +22,20 @@ NS_DTYPES = (None, torch.bfloat16, torch.float16, torch.float32, torch.float64)
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "none")
 
 
-def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: Any) -> Tensor:
+def newton_schulz(x: Tensor, coefficients: Any, steps: int, eps: Any) -> Tensor:
     """Orthogonalize a stack of matrices ``x`` of shape (k, rows, cols) with rows <= cols:
-    X <- X / max(||X||_F, eps), then ``steps`` times X <- a X + (b A + c A^2) X with A = X X^T.
+    X <- X / max(||X||_F, eps) (a named schedule's X / (s ||X||_F + eps): Polar Express's s = 1.01), then
+    ``steps`` times X <- a_t X + (b_t A + c_t A^2) X with A = X X^T and (a_t, b_t, c_t) the t-th of
+    ``coefficients`` (one triple for all, a schedule whose last entry repeats, or a name).
     Each iteration is three batched matmuls over the whole stack; a stack of one runs torch.optim.Muon's
     2-D kernels (addmm) and gives its bfloat16 result bit for bit; in a larger stack ``baddbmm`` rounds
     differently from torch's per-matrix ``addmm`` for about 1 in 130 matrices of side 32 or less (README, Muon)."""
-    a, b, c = coefficients
-    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    factor = norm_factor(coefficients)
+    x = x / (norm.clamp(min=eps) if factor is None else norm * factor + eps)
     lone = x.shape[0] == 1
     x, multiply_add = (x[0], torch.addmm) if lone else (x, torch.baddbmm)
-    for _ in range(steps):
+    for a, b, c in iteration_coefficients(coefficients, steps):
         gram = x @ x.mT
         x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x[None] if lone else x
@@ -43,7 +48,10 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
     Tall matrices are transposed so the Gram matrix is the smaller one, and updates of the same
     shape are stacked and iterated together (batched matmuls), not one by one. ``ns_dtype`` is the
     dtype of the iteration: bfloat16 as in torch.optim.Muon and the reference, None for the update's.
-    Only 2-D updates are accepted: route other parameters elsewhere (``route``).
+    ``ns_coefficients``: one (a, b, c) for every iteration (Jordan's by default), a sequence of them, one
+    per iteration (the last repeats), or ``"polar_express"``: Amsel et al.'s schedule and normalization.
+    Only 2-D updates are accepted: route other parameters elsewhere (``route``). ``eps`` names the
+    hyperparameter of the normalization's floor (NorMuon's ``eps`` is its own: there it is ``ns_eps``).
     """
 
     name = "newton_schulz"
@@ -51,11 +59,16 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
     reads_params = False
     batched = True
     hyper = {
-        "ns_coefficients": Hyper(MUON_COEFFICIENTS, sequence_of((number_in(),) * 3, ("a", "b", "c")), static=True),
+        "ns_coefficients": Hyper(MUON_COEFFICIENTS, coefficient_schedule(), static=True),
         "ns_steps": Hyper(5, int_in(1, 99), static=True),
         "eps": Hyper(1e-7, positive),
         "ns_dtype": Hyper(torch.bfloat16, choice(NS_DTYPES, "None: the update's dtype"), static=True),
     }
+
+    def __init__(self, eps: str = "eps"):
+        self.eps = eps
+        if eps != "eps":
+            self.hyper = {(eps if k == "eps" else k): v for k, v in type(self).hyper.items()}
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         _check_matrix(param)  # so that the optimizer refuses it before a step's first write
@@ -75,10 +88,13 @@ class orthogonalize_by_newton_schulz(Transform):  # noqa: N801
             stack = first.new_empty((len(members), *first.shape), dtype=dtype or first.dtype)
             for row, i in zip(stack, members):
                 row.copy_(_wide(updates[i]))
-            ortho = newton_schulz(stack, ctx["ns_coefficients"], ctx["ns_steps"], ctx["eps"])
+            ortho = newton_schulz(stack, ctx["ns_coefficients"], ctx["ns_steps"], ctx[self.eps])
             for i, o in zip(members, ortho.to(updates[members[0]].dtype).unbind()):
                 out[i] = o.mT if updates[i].shape[0] > updates[i].shape[1] else o
         return out
+
+    def __repr__(self) -> str:
+        return f"orthogonalize_by_newton_schulz({'' if self.eps == 'eps' else repr(self.eps)})"
 
 
 def _wide(u: Tensor) -> Tensor:
