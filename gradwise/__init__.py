@@ -33,6 +33,7 @@ _EXPORTS = {
     "gradwise.recipes.adopt": ("ADOPT",),
     "gradwise.recipes.ademamix": ("AdEMAMix",),
     "gradwise.recipes.mars": ("MARS",),
+    "gradwise.recipes.normuon": ("NorMuon",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.state": ("StatePolicy",),
@@ -44,6 +45,7 @@ _EXPORTS = {
                             "scale_by_shape", "scale_by_soap", "skip_nonfinite", "trace", "trace_ema"),
     "gradwise.transforms.apollo": ("scale_by_apollo",),
     "gradwise.transforms.low_rank": ("project_low_rank",),
+    "gradwise.transforms.normuon": ("scale_by_neuron_second_moment",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -62,6 +64,7 @@ __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["NorMuon", "scale_by_neuron_second_moment"]
 
 
 def __getattr__(name: str) -> Any:

@@ -198,6 +198,10 @@ ENTRIES = [
            required=dict(lr=1e-3, num_iterations=100), fused_backward=False),
     _entry(gradwise.Muon, None, ("muon", dict(lr=0.02, adamw_lr=1e-3)), fused_backward=False,
            amplifies_state_error=True, torch_counterpart=torch.optim.Muon),
+    # pytorch-optimizer's NorMuon takes use_muon groups and runs Newton-Schulz in bfloat16 only:
+    # tests/test_normuon.py compares with it step by step, and with a float64 reference from the paper
+    _entry(gradwise.NorMuon, None, ("normuon", dict(lr=0.02, adamw_lr=1e-3, weight_decay=0.1)), fused_backward=False,
+           amplifies_state_error=True),
     _entry(gradwise.Shampoo, None, ("shampoo", dict(lr=0.01, precondition_frequency=2, max_preconditioner_dim=8)),
            fused_backward=False, amplifies_state_error=True),
     _entry(gradwise.SOAP, None, ("soap", dict(lr=0.01, precondition_frequency=2, max_precond_dim=8)),

@@ -110,19 +110,25 @@ def test_warmup_cosine_schedule():
     assert optimizer_kwargs("AdEMAMix", {"beta1": 0.8})["betas"] == (0.8, 0.999, 0.9999)  # beta3 kept
 
 
-@pytest.mark.parametrize("name", ["ADOPT", "AdEMAMix", "MARS"])
+@pytest.mark.parametrize("name", ["ADOPT", "AdEMAMix", "MARS", "Muon", "NorMuon"])
 def test_self_tuning_points_of_the_adam_family_build_and_step(name):
     import torch
 
     from gradwise.arena.submissions import SELF_TUNING
 
-    p = torch.nn.Parameter(torch.ones(3))
-    optimizer, schedule = build_optimizer(name, SELF_TUNING[name], [p], total_steps=10)
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(4, 3))]  # Muon's: AdamW, Muon
+    optimizer, schedule = build_optimizer(name, SELF_TUNING[name], params, total_steps=10)
     for _ in range(3):
-        p.grad = torch.ones(3)
+        for p in params:
+            p.grad = torch.ones_like(p)
         optimizer.step()
         schedule.step()
-    assert (p.detach() < 1).all()
+    assert all((p.detach() < 1).all() for p in params)
+
+
+def test_beta2_is_folded_into_betas_only_where_the_optimizer_takes_betas():
+    assert optimizer_kwargs("NorMuon", {"beta2": 0.9})["beta2"] == 0.9  # its own keyword (the neurons' moment)
+    assert optimizer_kwargs("ADOPT", {"beta2": 0.99})["betas"] == (0.9, 0.99)
 
 
 def test_every_workload_builds_and_steps():

@@ -178,6 +178,17 @@ def galore_keeps_the_weights_moments_projected(scope, code):
     assert all(v.shape == model.bias.shape for k, v in optimizer.state[model.bias].items() if "exp_avg" in k)
 
 
+@claim('ns_coefficients="polar_express")')
+def normuon_keeps_one_second_moment_per_neuron(scope, code):
+    model, optimizer, muon = scope["model"], scope["optimizer"], scope["muon"]
+    assert optimizer.state[model.weight]["neuron_norm.second_momentum_buffer"].shape == (32, 1)
+    assert [g["route"] for g in muon.param_groups] == ["matrix", "other"]
+    assert muon.param_groups[0]["ns_coefficients"] == "polar_express"
+    before = _clones(model)
+    muon.step()  # the gradients of the example's backward
+    assert not torch.equal(before[0], model.weight)
+
+
 def _some_parameter_moves(scope: dict) -> None:
     if "model" not in scope or "optimizer" not in scope:
         return

@@ -42,6 +42,13 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "AdEMAMix": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "alpha": 5.0, "weight_decay": 0.05,
                  "warmup_factor": 0.05},
     "MARS": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.99, "weight_decay": 0.05, "warmup_factor": 0.05},
+    # Muon with Polar Express (Amsel et al. 2025, arXiv:2505.16932: lr 0.02 was best for it, Fig. 1) and NorMuon
+    # (Li et al. 2025, arXiv:2510.05491; pytorch-optimizer's lr, momentum and beta2): AdamW's point above for
+    # the AdamW route and the weight decay (not tuned)
+    "Muon": {"lr": 0.02, "momentum": 0.95, "ns_coefficients": "polar_express", "weight_decay": 0.05,
+             "adamw_lr": 2e-3, "adamw_betas": (0.9, 0.999), "adamw_weight_decay": 0.05, "warmup_factor": 0.05},
+    "NorMuon": {"lr": 0.02, "momentum": 0.95, "beta2": 0.95, "weight_decay": 0.05, "adamw_lr": 2e-3,
+                "adamw_betas": (0.9, 0.999), "adamw_wd": 0.05, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
@@ -79,9 +86,11 @@ def check_hyperparameters(name: str, hyperparameters: dict[str, Any]) -> None:
 def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
     """The keywords passed to the optimizer: beta keys folded into ``betas``, schedule keys dropped."""
     check_hyperparameters(name, hyperparameters)
-    kwargs = {k: v for k, v in hyperparameters.items() if k not in SCHEDULE_KEYS | BETA_KEYS}
-    if BETA_KEYS & set(hyperparameters):
-        default = inspect.signature(optimizer_class(name).__init__).parameters["betas"].default
+    parameters = inspect.signature(optimizer_class(name).__init__).parameters
+    folded = BETA_KEYS if "betas" in parameters else set()  # NorMuon's beta2 is a keyword of its own
+    kwargs = {k: v for k, v in hyperparameters.items() if k not in SCHEDULE_KEYS | folded}
+    if folded & set(hyperparameters):
+        default = parameters["betas"].default
         beta1 = 1 - hyperparameters["one_minus_beta1"] if "one_minus_beta1" in hyperparameters else \
             hyperparameters.get("beta1", default[0])
         # a third beta (AdEMAMix's slow EMA) keeps its default

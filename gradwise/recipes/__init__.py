@@ -15,6 +15,7 @@ from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.mars import MARS
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
+from gradwise.recipes.normuon import NorMuon
 from gradwise.recipes.ranger21 import Ranger21
 from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
 from gradwise.recipes.sgd import SGD
@@ -26,6 +27,7 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["NorMuon"]
 
 
 def takes_state() -> list[str]:

@@ -24,6 +24,7 @@ from gradwise.transforms.mars import mars_correction
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
+from gradwise.transforms.normuon import scale_by_neuron_second_moment
 from gradwise.transforms.pnm import scale_by_pnm_adam
 from gradwise.transforms.regularizers import (
     add_norm_loss,
@@ -71,6 +72,7 @@ __all__ = [
     "scale_by_lion",
     "scale_by_madgrad",
     "scale_by_nadam",
+    "scale_by_neuron_second_moment",
     "scale_by_param_block_rms",
     "scale_by_pnm_adam",
     "scale_by_relative_step",
