@@ -33,6 +33,8 @@ _EXPORTS = {
     "gradwise.recipes.adopt": ("ADOPT",),
     "gradwise.recipes.ademamix": ("AdEMAMix",),
     "gradwise.recipes.mars": ("MARS",),
+    "gradwise.recipes.spam": ("SPAM",),
+    "gradwise.recipes.adamc": ("AdamC",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.state": ("StatePolicy",),
@@ -62,6 +64,7 @@ __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["SPAM", "AdamC"]
 
 
 def __getattr__(name: str) -> Any:
