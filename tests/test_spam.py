@@ -114,3 +114,34 @@ def test_an_inner_buffer_not_shaped_like_the_parameter_is_refused_before_anythin
     with pytest.raises(ValueError, match=r"spam\(\): inner=scale_by_nadam\(\) keeps 'mu_product' of shape \(\)"):
         optimizer.step()
     assert torch.equal(p.detach(), torch.ones(3)) and not optimizer.state[p]
+
+
+@pytest.mark.slow
+def test_spam_around_lion_keeps_its_own_second_moment_compiled_as_eager():
+    """Around a core without a second moment, the clip reads spam's own (``spike_exp_avg_sq``), compiled too."""
+    from gradwise.transforms import add_decayed_weights, scale_by_lion
+
+    def make(p, compile):
+        transform = chain(spam(scale_by_lion()), add_decayed_weights(), scale_by_learning_rate())
+        return Optimizer(p, transform, lr=0.01, weight_decay=0.1, compile=compile, update_proj_gap=5, warmup_epoch=2,
+                         threshold=1.5, grad_accu_steps=2, spike_beta=0.9)
+
+    params = [p for p in bag_of_tensors(torch.float32) if p.dim() <= 2]
+    holder = []
+    eager = run_bag(lambda p: make(p, False), _clone(params), torch.float32, 12)
+    compiled = run_bag(lambda p: holder.append(make(p, True)) or holder[-1], _clone(params), torch.float32, 12)
+    assert holder[0].compile_stats["compiles"] >= 1
+    assert "spam.spike_exp_avg_sq" in holder[0].state[holder[0].param_groups[0]["params"][1]]
+    assert_trajectories_close(compiled, eager, torch.float32)
+
+
+def test_the_inner_chain_resolves_amsgrad_per_group():
+    from gradwise.transforms import add_decayed_weights, scale_by_adam
+
+    a, b = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    transform = chain(spam(scale_by_adam()), add_decayed_weights(), scale_by_learning_rate())
+    optimizer = Optimizer([{"params": [a], "amsgrad": True}, {"params": [b]}], transform, lr=0.1, compile=False)
+    a.grad, b.grad = torch.ones(3), torch.ones(3)
+    optimizer.step()
+    assert "spam.max_exp_avg_sq" in optimizer.state[a] and "spam.max_exp_avg_sq" not in optimizer.state[b]
+    assert torch.equal(a.detach(), b.detach()) and (a.detach() < 1).all()
