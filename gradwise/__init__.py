@@ -34,6 +34,8 @@ _EXPORTS = {
     "gradwise.recipes.ademamix": ("AdEMAMix",),
     "gradwise.recipes.mars": ("MARS",),
     "gradwise.recipes.normuon": ("NorMuon",),
+    "gradwise.recipes.spam": ("SPAM",),
+    "gradwise.recipes.adamc": ("AdamC",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.state": ("StatePolicy",),
@@ -65,6 +67,7 @@ __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdam
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon", "scale_by_neuron_second_moment"]
+__all__ += ["SPAM", "AdamC"]
 
 
 def __getattr__(name: str) -> Any:

@@ -231,6 +231,12 @@ ENTRIES = [
     # pytorch-optimizer's MARS adds 1e-15 to v under its square root: tests/test_mars.py compares with it
     # within 1e-8 (float64) and with a float64 reference from the paper within 1e-10
     _entry(gradwise.MARS, None, ("mars", dict(lr=0.01, gamma=0.05, weight_decay=0.1))),
+    # pytorch-optimizer 4.1.0 (density=1.0); a reset every 8 steps, clipping from 2 steps after it, a 3-step warmup
+    _entry(gradwise.SPAM, _pytorch_optimizer("SPAM"),
+           ("spam", dict(lr=0.01, weight_decay=0.1, update_proj_gap=8, warmup_epoch=3, grad_accu_steps=2,
+                         threshold=2.0)), maximize_reference=True),
+    # pytorch-optimizer's AdamC adds 1e-15 to v under its square root: tests/test_adamc.py compares with it
+    _entry(gradwise.AdamC, None, ("adamc", dict(lr=0.01, weight_decay=0.1))),
     _entry(gradwise.APOLLOMini, None, ("apollo-mini", dict(lr=0.01, weight_decay=0.1)), state=False,
            fused_backward=False),
 ]

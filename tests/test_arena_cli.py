@@ -110,7 +110,7 @@ def test_warmup_cosine_schedule():
     assert optimizer_kwargs("AdEMAMix", {"beta1": 0.8})["betas"] == (0.8, 0.999, 0.9999)  # beta3 kept
 
 
-@pytest.mark.parametrize("name", ["ADOPT", "AdEMAMix", "MARS", "Muon", "NorMuon"])
+@pytest.mark.parametrize("name", ["ADOPT", "AdEMAMix", "MARS", "Muon", "NorMuon", "SPAM", "AdamC"])
 def test_self_tuning_points_of_the_adam_family_build_and_step(name):
     import torch
 

@@ -49,6 +49,11 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
              "adamw_lr": 2e-3, "adamw_betas": (0.9, 0.999), "adamw_weight_decay": 0.05, "warmup_factor": 0.05},
     "NorMuon": {"lr": 0.02, "momentum": 0.95, "beta2": 0.95, "weight_decay": 0.05, "adamw_lr": 2e-3,
                 "adamw_betas": (0.9, 0.999), "adamw_wd": 0.05, "warmup_factor": 0.05},
+    # SPAM (arXiv:2501.06842): AdamW's point, pytorch-optimizer's defaults for the resets (every 500 steps,
+    # theta 5000); AdamC (arXiv:2506.02285): AdamW's point; it corrects the decay of normalized layers only,
+    # which a group marks with normalized=True, and the arena's flat parameter list marks none. Not tuned here
+    "SPAM": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "warmup_factor": 0.05},
+    "AdamC": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }

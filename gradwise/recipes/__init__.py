@@ -4,6 +4,7 @@ import inspect
 from gradwise.recipes.adafactor import Adafactor
 from gradwise.recipes.adam import Adam, AdamW
 from gradwise.recipes.adam_mini import AdamMini
+from gradwise.recipes.adamc import AdamC
 from gradwise.recipes.ademamix import AdEMAMix
 from gradwise.recipes.adopt import ADOPT
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
@@ -21,6 +22,7 @@ from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, s
 from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
+from gradwise.recipes.spam import SPAM
 
 __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
@@ -28,6 +30,7 @@ __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon"]
+__all__ += ["SPAM", "AdamC"]
 
 
 def takes_state() -> list[str]:

@@ -37,9 +37,16 @@ from gradwise.transforms.schedule_free import scale_by_rms, scale_by_schedule_fr
 from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
-from gradwise.transforms.weight_decay import add_decayed_weights, cautious_weight_decay, decay_stepped_weights
+from gradwise.transforms.spam import spam
+from gradwise.transforms.weight_decay import (
+    add_corrected_decayed_weights,
+    add_decayed_weights,
+    cautious_weight_decay,
+    decay_stepped_weights,
+)
 
 __all__ = [
+    "add_corrected_decayed_weights",
     "add_decayed_weights",
     "add_norm_loss",
     "add_stable_weight_decay",
@@ -84,6 +91,7 @@ __all__ = [
     "scale_by_soap",
     "shrink_like_ranger21",
     "skip_nonfinite",
+    "spam",
     "trace",
     "trace_second_moment",
     "trace_ema",

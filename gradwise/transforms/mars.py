@@ -14,7 +14,8 @@ class mars_correction(Transform):  # noqa: N801 - transforms are named like func
 
     c <- u + gamma b1 / (1 - b1) (u - u_prev);  c <- c / max(||c||, 1);  u_prev <- u;  u <- c
 
-    with b1 the group's ``betas[0]`` (the core's momentum, as in the paper) and u_prev zero before the
+    with b1 the group's ``betas[0]`` (the core's momentum, as in the paper; its ``momentum`` for a core
+    without betas: Muon's ``trace_ema``, SGD's ``trace``) and u_prev zero before the
     first step (as the authors' code and pytorch-optimizer start). gamma b1 / (1 - b1) is a per-step
     scalar computed in double. ``prepare`` finds max(||c||, 1) on the whole tensor (a 0-d buffer), so the
     update itself is elementwise: compiled flat, in eager pieces.
@@ -32,10 +33,13 @@ class mars_correction(Transform):  # noqa: N801 - transforms are named like func
                 "norm": torch.ones((), dtype=dtype, device=param.device)}
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
-        if "betas" not in hyper:
-            raise ValueError("mars_correction() reads beta1 from the group's 'betas': put it before a core that"
-                             " declares them, e.g. chain(mars_correction(), scale_by_adam_moments(), ...)")
-        b1 = float(hyper["betas"][0])
+        if "betas" not in hyper and "momentum" not in hyper:
+            raise ValueError("mars_correction() reads beta1 from the group's 'betas' (or its 'momentum'): put it"
+                             " before a core that declares them, e.g. chain(mars_correction(), scale_by_adam_moments(),"
+                             " ...)")
+        b1 = float(hyper["betas"][0] if "betas" in hyper else hyper["momentum"])
+        if b1 == 1:
+            raise ValueError("mars_correction() divides by 1 - beta1: got beta1=1.0 (momentum=1.0); expected < 1")
         return {"scale": float(hyper["gamma"]) * b1 / (1 - b1)}
 
     def prepare(self, updates: list[Tensor], state, ctx: Context) -> None:

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.hyper import Hyper, non_negative
+from gradwise.core.hyper import Hyper, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform
 
 
@@ -70,3 +70,30 @@ class cautious_weight_decay(Transform):  # noqa: N801
             return updates
         wd = ctx["weight_decay"]
         return [u + torch.where(u * p >= 0, p * wd, 0.0) for u, p in zip(updates, ctx.params)]
+
+
+class add_corrected_decayed_weights(Transform):  # noqa: N801
+    """AdamC's corrected weight decay (Defazio, Mishchenko, Mehta, Mohan & Knight, 2025, "Why Gradients Rapidly
+    Increase Near the End of Training", arXiv:2506.02285): on the layers whose output is normalized (a group
+    with ``normalized=True``), decay in proportion to the learning rate's schedule, so that the steady-state
+    norm of those weights, and of their gradients, stays put as the learning rate decays:
+
+    u <- u + wd (lr_t / max_lr) p  (``normalized``);  u <- u + wd p  (the other groups)
+
+    In place of ``add_decayed_weights`` after the core, before ``scale_by_learning_rate``:
+    p <- p - lr_t (u + wd lr_t / max_lr p), i.e. p (1 - wd lr_t^2 / max_lr) - lr_t u. ``max_lr`` is the
+    schedule's peak (``gradwise.AdamC``: its ``lr`` argument). Elementwise.
+    """
+
+    name = "weight_decay"
+    hyper = {"weight_decay": Hyper(0.0, non_negative, zero_is_identity=True), "lr": Hyper(1e-3, non_negative),
+             "max_lr": Hyper(1e-3, positive), "normalized": Hyper(False, boolean, static=True)}
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        return {"corrected": float(hyper["weight_decay"]) * float(hyper["lr"]) / float(hyper["max_lr"])}  # in double
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        if not ctx.active("weight_decay"):
+            return updates
+        wd = ctx["corrected"] if ctx["normalized"] else ctx["weight_decay"]
+        return lists.add(lists.mul(ctx.params, wd), updates)

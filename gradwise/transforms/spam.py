@@ -1,0 +1,117 @@
+"""SPAM (Huang, Zhu, Jin, Liu, Wang & Liu, 2025, "SPAM: Spike-Aware Adam with Momentum Reset for Stable LLM
+Training", arXiv:2501.06842): periodic momentum resets with a warmup after each, and spike-aware clipping."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gradwise.core.hyper import Hyper, non_negative, non_negative_int, positive_int, unit_interval
+from gradwise.core.transform import Context, Transform, state_dtype
+
+#: the hyperparameters, with pytorch-optimizer 4.1.0's names and defaults
+SPAM_HYPER = {"update_proj_gap": Hyper(500, positive_int), "warmup_epoch": Hyper(50, non_negative_int),
+              "threshold": Hyper(5000, non_negative, zero_is_identity=True),
+              "grad_accu_steps": Hyper(20, non_negative_int)}
+#: the second moment ``spam`` keeps itself around an ``inner`` that keeps none (Lion's, Muon's)
+OWN_SECOND_MOMENT = "spike_exp_avg_sq"
+
+
+def warmup_scale(step: int, gap: int, warmup: int) -> float:
+    """The step's factor: 1 until the first reset (and at step 1), then at j = t mod gap steps after a reset
+    1 - 0.99 (1 + cos(pi (j + 1) / (warmup + 1))) / 2 while j < warmup, then 1 (pytorch-optimizer's cosine)."""
+    j = step % gap
+    if step < max(gap, 2) or j >= warmup:
+        return 1.0
+    return 1.0 - 0.99 * (1.0 + math.cos(math.pi * (j + 1) / (warmup + 1))) / 2.0
+
+
+class spam(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+    """``inner`` (any transform or chain: Adam's moments, Lion's, Muon's momentum and Newton-Schulz) with
+    SPAM's two changes, at step t (counted from 1) with T = ``update_proj_gap``, N = ``warmup_epoch``,
+    theta = ``threshold``, A = ``grad_accu_steps``:
+
+    reset:  when t mod T = 0, every buffer of ``inner``'s state (all but weights) <- 0
+    clip:   when t mod T >= A and theta > 0:  u <- sign(u) sqrt(theta v) where u^2 > theta v
+    o <- inner(u);  o <- s_t o,  s_t = ``warmup_scale(t, T, N)`` (a cosine from 0.01 to 1 over N steps
+    after each reset)
+
+    v is ``inner``'s second moment before this step's update (its ``exp_avg_sq``, as the paper's Adam);
+    around an ``inner`` that keeps none, ``spam`` keeps its own, v <- b v + (1-b) u^2 of the clipped u
+    (b = ``spike_beta``; kept while theta > 0), reset with the rest. Place it around the core, before
+    weight decay and the learning rate, so the warmup scales the step and not the decay. The reset
+    multiplies every buffer by a per-step 0 or 1, so ``inner``'s buffers must be shaped like the parameter
+    (``init`` says which is not). Elementwise when ``inner`` is; its state, scalars and hooks are
+    ``inner``'s (``wrapped``).
+    """
+
+    name = "spam"
+
+    def __init__(self, inner: Transform):
+        if not isinstance(inner, Transform):
+            raise TypeError(f"spam(): inner={inner!r} must be a Transform, e.g. scale_by_adam()")
+        if inner.reductions or inner.prepares or inner.moves_point:
+            raise ValueError(f"spam(): inner={inner!r} reads statistics of the whole step or moves the"
+                             " parameters; put those links before spam(...), around the core only")
+        clash = sorted(set(inner.hyper) & (set(SPAM_HYPER) | {"spike_beta"}))
+        if clash:
+            raise ValueError(f"spam(): inner={inner!r} declares hyperparameter(s) {clash}, which spam() reads")
+        self.inner = inner
+        found = [k for k in inner.nonnegative if k.rsplit(".", 1)[-1] == "exp_avg_sq"]
+        self.second_moment = found[0] if found else OWN_SECOND_MOMENT
+        own = () if found else (OWN_SECOND_MOMENT,)
+        self.state, self.nonnegative = inner.state + own, inner.nonnegative + own
+        self.resets = tuple(k for k in self.state if k not in inner.weights_like)
+        self.hyper = {**inner.hyper, **SPAM_HYPER, **({"spike_beta": Hyper(0.999, unit_interval)} if own else {})}
+        self.weights_like, self.batched, self.reads_params = inner.weights_like, inner.batched, inner.reads_params
+        self.elementwise = inner.elementwise
+
+    def wrapped(self, group=None) -> list[tuple[str, Transform]]:
+        return [("", self.inner)]
+
+    def for_group(self, group) -> Transform:
+        inner = self.inner.for_group(group)
+        if inner is self.inner:
+            return self
+        cache = self.__dict__.setdefault("_resolved", {})
+        return cache.setdefault(id(inner), spam(inner))
+
+    def init(self, param: Tensor, group) -> dict[str, Tensor]:
+        buffers = self.inner.init(param, group)
+        for key, buffer in buffers.items():
+            if key in self.resets and buffer.shape != param.shape:
+                raise ValueError(f"spam(): inner={self.inner!r} keeps {key!r} of shape {tuple(buffer.shape)} for a"
+                                 f" parameter of shape {tuple(param.shape)}; spam() resets buffers shaped like"
+                                 " the parameter only")
+        if self.second_moment == OWN_SECOND_MOMENT:
+            buffers[OWN_SECOND_MOMENT] = torch.zeros_like(param, dtype=state_dtype(param),
+                                                          memory_format=torch.preserve_format)
+        return buffers
+
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        gap, accumulate = int(hyper["update_proj_gap"]), int(hyper["grad_accu_steps"])
+        out = {**self.inner.scalars(hyper, step), "spam_keep": float(step % gap != 0),
+               "spam_clip": float(step % gap >= accumulate),
+               "spam_scale": warmup_scale(step, gap, int(hyper["warmup_epoch"]))}
+        if self.second_moment == OWN_SECOND_MOMENT:
+            out["spam_one_minus_beta"] = 1 - float(hyper["spike_beta"])
+        return out
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        for key in self.resets:
+            for buffer in state[key]:
+                buffer.mul_(ctx["spam_keep"])
+        if ctx.active("threshold"):
+            clip, out = ctx["spam_clip"] > 0, []
+            for u, v in zip(updates, state[self.second_moment]):
+                limit = v * ctx["threshold"]
+                out.append(torch.where(clip & (u * u > limit), u.sign() * limit.sqrt(), u))
+            updates = out
+            if self.second_moment == OWN_SECOND_MOMENT:
+                for u, v in zip(updates, state[OWN_SECOND_MOMENT]):
+                    v.mul_(ctx["spike_beta"]).add_(u * u * ctx["spam_one_minus_beta"])
+        return [o * ctx["spam_scale"] for o in self.inner.update(updates, state, ctx)]
+
+    def __repr__(self) -> str:
+        return f"spam({self.inner!r})"
