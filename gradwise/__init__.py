@@ -35,6 +35,7 @@ _EXPORTS = {
     "gradwise.recipes.mars": ("MARS",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
+    "gradwise.recipes.mezo": ("MeZO",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -62,6 +63,7 @@ __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["MeZO"]
 
 
 def __getattr__(name: str) -> Any:
