@@ -36,6 +36,7 @@ _EXPORTS = {
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.recipes.mezo": ("MeZO",),
+    "gradwise.recipes.badam": ("BAdam",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -63,7 +64,7 @@ __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
-__all__ += ["MeZO"]
+__all__ += ["BAdam", "MeZO"]
 
 
 def __getattr__(name: str) -> Any:
