@@ -36,6 +36,8 @@ _EXPORTS = {
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
     "gradwise.recipes.mezo": ("MeZO",),
+    "gradwise.recipes.frugal": ("FRUGAL",),
+    "gradwise.recipes.subset_norm": ("SubsetNorm",),
     "gradwise.recipes.badam": ("BAdam",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
@@ -65,6 +67,7 @@ __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdam
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["BAdam", "MeZO"]
+__all__ += ["FRUGAL", "SubsetNorm"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ from gradwise.recipes.ademamix import AdEMAMix
 from gradwise.recipes.adopt import ADOPT
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.came import CAME
+from gradwise.recipes.frugal import FRUGAL
 from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
@@ -20,12 +21,14 @@ from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, s
 from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
+from gradwise.recipes.subset_norm import SubsetNorm
 
 __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "Shampoo", "schedule_free"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["FRUGAL", "SubsetNorm"]
 
 
 def takes_state() -> list[str]:
