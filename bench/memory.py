@@ -113,7 +113,8 @@ def recipe_state_bytes(size: str, measure: bool = False, log=print) -> list[dict
 
 #: the low-rank recipes on the GPT-2 set: the attention and MLP matrices are projected, embeddings, norms
 #: and biases not; rank None: width / 3 (256 at width 768, the GaLore and APOLLO papers' rank at 130M).
-LOW_RANK = {"GaLoreAdamW": dict(rank=None), "APOLLO": dict(rank=None), "APOLLOMini": dict(rank=1)}
+LOW_RANK = {"GaLoreAdamW": dict(rank=None), "APOLLO": dict(rank=None), "APOLLOMini": dict(rank=1),
+            "FRUGAL": dict(rank=None), "SubsetNorm": dict(rank=None)}
 
 
 def low_rank_state_bytes(size: str, measure: bool = False, log=print) -> list[dict]:

@@ -38,6 +38,10 @@ _EXPORTS = {
     "gradwise.recipes.adamc": ("AdamC",),
     "gradwise.recipes.apollo": ("APOLLO", "APOLLOMini"),
     "gradwise.recipes.galore": ("GaLoreAdamW",),
+    "gradwise.recipes.mezo": ("MeZO",),
+    "gradwise.recipes.frugal": ("FRUGAL",),
+    "gradwise.recipes.subset_norm": ("SubsetNorm",),
+    "gradwise.recipes.badam": ("BAdam",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -68,6 +72,8 @@ __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdam
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon", "scale_by_neuron_second_moment"]
 __all__ += ["SPAM", "AdamC"]
+__all__ += ["BAdam", "MeZO"]
+__all__ += ["FRUGAL", "SubsetNorm"]
 
 
 def __getattr__(name: str) -> Any:

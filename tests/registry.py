@@ -239,6 +239,11 @@ ENTRIES = [
     _entry(gradwise.AdamC, None, ("adamc", dict(lr=0.01, weight_decay=0.1))),
     _entry(gradwise.APOLLOMini, None, ("apollo-mini", dict(lr=0.01, weight_decay=0.1)), state=False,
            fused_backward=False),
+    # float64 references from the papers in tests/test_subset_norm.py; here projected (rank 1) on every matrix
+    _entry(gradwise.SubsetNorm, None, ("subset-norm", dict(lr=0.05, weight_decay=0.1, rank=1, update_proj_gap=3)),
+           state=False, fused_backward=False),
+    _entry(gradwise.FRUGAL, None, ("frugal", dict(lr=0.01, weight_decay=0.1, rank=1, update_proj_gap=3)),
+           state=False, fused_backward=False),
 ]
 
 #: every input configuration of every entry

@@ -43,7 +43,8 @@ def test_every_recipe_writes_bfloat16_parameters_stochastically(recipe):
     for rounding in ("nearest", "stochastic"):
         p = _matrix(torch.bfloat16)
         start = p.detach().float()
-        lr = 2e-5 if recipe is gradwise.CAME else 5e-4  # CAME's first step is about 11 lr per element
+        # CAME's first step is about 11 lr per element; SubsetNorm's about lr / 40 (0.1 g / ||g's row||)
+        lr = {gradwise.CAME: 2e-5, gradwise.SubsetNorm: 5e-2}.get(recipe, 5e-4)
         # Ranger21's warmup would make its first step 1/warmup of that: off, with lr a quarter ulp
         extra = dict(use_warmup=False, lr=2e-3) if recipe is gradwise.Ranger21 else dict(lr=lr)
         opt = build(recipe, [p], compile=False, param_rounding=rounding, **extra)

@@ -9,6 +9,7 @@ from gradwise.recipes.ademamix import AdEMAMix
 from gradwise.recipes.adopt import ADOPT
 from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.came import CAME
+from gradwise.recipes.frugal import FRUGAL
 from gradwise.recipes.galore import GaLoreAdamW
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
@@ -23,6 +24,7 @@ from gradwise.recipes.sgd import SGD
 from gradwise.recipes.shampoo import Shampoo
 from gradwise.recipes.soap import SOAP
 from gradwise.recipes.spam import SPAM
+from gradwise.recipes.subset_norm import SubsetNorm
 
 __all__ = ["LOMO", "SGD", "SOAP", "AdaLomo", "Adam", "AdamW",
            "Lion", "Lookahead", "Muon", "NAdamW", "Ranger21", "ScheduleFreeAdamW",
@@ -31,6 +33,7 @@ __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdam
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon"]
 __all__ += ["SPAM", "AdamC"]
+__all__ += ["FRUGAL", "SubsetNorm"]
 
 
 def takes_state() -> list[str]:

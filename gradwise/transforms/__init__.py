@@ -19,6 +19,7 @@ from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_ag
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.low_rank import project_low_rank
+from gradwise.transforms.low_rank_rest import project_low_rank_with_rest
 from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.mars import mars_correction
 from gradwise.transforms.momentum import trace, trace_ema
@@ -38,6 +39,7 @@ from gradwise.transforms.shampoo import scale_by_shampoo
 from gradwise.transforms.sign import scale_by_lion
 from gradwise.transforms.soap import scale_by_soap
 from gradwise.transforms.spam import spam
+from gradwise.transforms.subset_norm import scale_by_subset_norm
 from gradwise.transforms.weight_decay import (
     add_corrected_decayed_weights,
     add_decayed_weights,
@@ -63,6 +65,7 @@ __all__ = [
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
     "project_low_rank",
+    "project_low_rank_with_rest",
     "route",
     "scale_by_adalomo",
     "scale_by_adam",
@@ -87,6 +90,7 @@ __all__ = [
     "scale_by_schedule",
     "scale_by_schedule_free",
     "scale_by_shampoo",
+    "scale_by_subset_norm",
     "scale_by_shape",
     "scale_by_soap",
     "shrink_like_ranger21",
