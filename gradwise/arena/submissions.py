@@ -133,12 +133,13 @@ def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[s
     return optimizer, check_search_space(optimizer, raw)
 
 
-def check_search_space(optimizer: str, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
-    """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order)."""
+def check_search_space(optimizer: str | None, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
+    """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order).
+    With ``optimizer=None`` (an AlgoPerf submission, which reads its own hyperparameters) any names are allowed."""
     if isinstance(space, list):
         if not space or not all(isinstance(point, dict) for point in space):
             raise ValueError(f"invalid search space {space!r}: a list-form space is a non-empty list of points")
-        for point in space:
+        for point in space if optimizer is not None else ():
             unknown = sorted(set(point) - set(allowed_hyperparameters(optimizer)))
             if unknown:
                 raise ValueError(f"search space has unknown hyperparameter(s) {unknown} for optimizer"
@@ -147,7 +148,7 @@ def check_search_space(optimizer: str, space: dict[str, Any] | list[dict[str, An
         return space
     if not isinstance(space, dict) or not space:
         raise ValueError(f"invalid search space {space!r}: expected a non-empty mapping of hyperparameters")
-    allowed = allowed_hyperparameters(optimizer)
+    allowed = allowed_hyperparameters(optimizer) if optimizer is not None else sorted(space)
     unknown = sorted(set(space) - set(allowed))
     if unknown:
         raise ValueError(f"search space has unknown hyperparameter(s) {unknown} for optimizer {optimizer!r};"
