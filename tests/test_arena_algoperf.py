@@ -9,8 +9,10 @@ any store is written."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -192,3 +194,14 @@ def test_a_broken_submission_is_refused_naming_the_function_before_any_store(tmp
     err = capsys.readouterr().err
     assert message in err and str(path) in err, err
     assert not db.parent.exists()
+
+
+def test_readme_points_to_the_example_and_lists_only_what_the_shim_has():
+    section = (ROOT / "README.md").read_text().split("### AlgoPerf submissions\n", 1)[1].split("\n## ", 1)[0]
+    assert f"`{EXAMPLE.relative_to(ROOT)}`" in section and EXAMPLE.exists()
+    provided = section.split("**What the shim provides**", 1)[1].split("Not provided", 1)[0]
+    names = set(re.findall(r"`(\w+)`", provided)) - {"algoperf"}
+    assert {"LossType", "ForwardPassMode", "ParameterType", "TrainingCompleteError", "Workload"} <= names
+    with algoperf_imports() as spec:
+        assert [n for n in sorted(names) if not hasattr(spec, n)] == []
+        assert importlib.import_module("algoperf.pytorch_utils").pytorch_setup()[0] is False
