@@ -70,10 +70,10 @@ def test_example_trains_step_for_step_as_the_arenas_adamw():
     point = POINTS[0]
     native = {"lr": point["learning_rate"], "beta1": 1 - point["one_minus_beta1"], "beta2": point["beta2"],
               "weight_decay": point["weight_decay"], "warmup_factor": point["warmup_factor"]}
-    budget = {"seed": 3, "target": math.inf, "max_steps": 60, "max_runtime": 600.0}
+    budget = {"seed": 3, "target": math.inf, "max_steps": 50, "max_runtime": 600.0}
     ours = run_trial(get_workload("digits_cnn"), "AdamW", native, **budget)
-    theirs = run_submission_trial(get_workload("digits_cnn"), EXAMPLE, point, step_hint=60, **budget)
-    assert [p["step"] for p in theirs["curve"]] == [p["step"] for p in ours["curve"]] == [25, 50, 60]
+    theirs = run_submission_trial(get_workload("digits_cnn"), EXAMPLE, point, step_hint=50, **budget)
+    assert [p["step"] for p in theirs["curve"]] == [p["step"] for p in ours["curve"]] == [25, 50]
     for a, b in zip(theirs["curve"], ours["curve"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and abs(a["accuracy"] - b["accuracy"]) <= 1 / 359
     assert theirs["curve"][-1]["loss"] < 0.6 * math.log(10)  # it trained (chance: ln 10): not a vacuous match
