@@ -125,6 +125,31 @@ def test_self_tuning_points_of_the_adam_family_build_and_step(name):
     assert (p.detach() < 1).all()
 
 
+def test_every_self_tuning_point_lowers_a_least_squares_loss():
+    """Each point builds its optimizer (a matrix, which Muon and SOAP precondition, and a bias) and 4 of its steps
+    under the arena's schedule lower the loss of a fixed least-squares problem."""
+    import torch
+
+    from gradwise.arena.submissions import SELF_TUNING
+
+    torch.set_num_threads(1)  # tiny tensors: more threads only spin (the fixture restores the count)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 6, generator=g), torch.randn(32, 4, generator=g)
+    for name, point in SELF_TUNING.items():
+        layer = torch.nn.Linear(6, 4)
+        torch.nn.init.zeros_(layer.weight)
+        optimizer, schedule = build_optimizer(name, point, layer.parameters(), total_steps=20)
+        losses = []
+        for _ in range(4):
+            loss = (layer(x) - y).square().mean()
+            losses.append(float(loss.detach()))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        assert float((layer(x) - y).square().mean()) < losses[0], (name, losses)
+
+
 def test_every_workload_builds_and_steps():
     import torch
 

@@ -42,6 +42,17 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "AdEMAMix": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "alpha": 5.0, "weight_decay": 0.05,
                  "warmup_factor": 0.05},
     "MARS": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.99, "weight_decay": 0.05, "warmup_factor": 0.05},
+    # the authors' defaults, with the arena's warmup and cosine decay: Adam, Kingma & Ba 2015 (Algorithm 1);
+    # Adafactor, Shazeer & Stern 2018 (lr 1e-2, beta2 decay -0.8, eps2 1e-3, clipping d 1: torch.optim.Adafactor's);
+    # CAME, Luo et al. 2023 (came-pytorch's README); SOAP, Vyas et al. 2024 (the authors' SOAP defaults);
+    # Muon, Jordan et al. 2024 (KellerJordan/Muon's README: lr 0.02, momentum 0.95, AdamW 3e-4, (0.9, 0.95), 0.01)
+    "Adam": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "warmup_factor": 0.05},
+    "Adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "d": 1.0, "warmup_factor": 0.05},
+    "CAME": {"lr": 2e-4, "weight_decay": 1e-2, "warmup_factor": 0.05},
+    "SOAP": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.95, "weight_decay": 0.01, "precondition_frequency": 10,
+             "warmup_factor": 0.05},
+    "Muon": {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "adamw_lr": 3e-4, "adamw_betas": (0.9, 0.95),
+             "adamw_weight_decay": 0.01, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
