@@ -175,8 +175,8 @@ def test_lstsq_loss_at_zero_is_one_and_optimum_is_zero():
 @pytest.mark.parametrize("argv, texts", [
     (["run", "--workloads", "imagenet"], ["unknown workload 'imagenet'", "digits_cnn", "teacher_student"]),
     (["run", "--optimizers", "Adamm"], ["invalid --optimizers='Adamm'", "AdamW", "torch.SGD"]),
-    (["run", "--optimizers", "muon"], ["no self-tuning defaults for optimizer 'Muon'", "--hyperparameters",
-                                       "--search-space"]),
+    (["run", "--optimizers", "shampoo"], ["no self-tuning defaults for optimizer 'Shampoo'", "--hyperparameters",
+                                          "--search-space"]),
     (["set-targets", "--workloads", "nope"], ["unknown workload 'nope'", "mnist1d_cnn"]),
 ])
 def test_unknown_names_list_the_valid_ones(argv, texts, tmp_path, capsys):
