@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib.util
 
 #: module imported -> the distribution that provides it, where the names differ.
-DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+DISTRIBUTIONS = {"sklearn": "scikit-learn", "absl": "absl-py"}
 #: the modules of each extra (pyproject.toml's optional dependencies), as imported.
 EXTRAS = {
     "cli": ("rich",),
     "arena": ("rich", "numpy", "optuna", "matplotlib", "sklearn", "mnist1d"),
     "postgres": ("psycopg",),
+    "algoperf": ("absl",),  # AlgoPerf's submissions log with absl; the arena's shim needs nothing more
 }
 
 

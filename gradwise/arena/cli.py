@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--hyperparameters", help="JSON object: a fixed point for every --optimizers entry, in place"
                      " of its self-tuning defaults (the same point on every workload)")
     run.add_argument("--search-space", help="JSON or TOML search space: external tuning instead of self-tuning")
+    run.add_argument("--submission", help="a Python file written against AlgoPerf's PyTorch submission API, run"
+                     " unchanged (external tuning with the tuning_search_space.json beside it or --search-space;"
+                     " self-tuning without)")
     run.add_argument("--optimizer", help="the optimizer a --search-space file is for, if the file names none")
     run.add_argument("--trials", type=_positive(int), default=5, help="Halton trials per study (external)")
     run.add_argument("--studies", type=_positive(int), help="studies per submission and workload")
@@ -102,7 +105,7 @@ def _optimizers(text: str | None, default: list[str]) -> list[str]:
 
 
 def _plans(args):
-    from gradwise.arena.rulesets import Entry, plan, self_tuning_entry
+    from gradwise.arena.rulesets import Entry, plan, self_tuning_entry, submission_entry
     from gradwise.arena.submissions import load_search_space
     from gradwise.arena.suites import SUITES
     from gradwise.arena.workloads import get_workload
@@ -111,9 +114,17 @@ def _plans(args):
     workloads = _names(args.workloads, suite["workloads"])
     for w in workloads:
         get_workload(w)  # unknown names fail before anything runs
-    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters)
+    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters or args.submission)
     name = "custom" if custom else args.suite
-    if args.search_space:
+    if args.submission:
+        clash = [flag for flag, value in (("--optimizers", args.optimizers), ("--optimizer", args.optimizer),
+                                          ("--hyperparameters", args.hyperparameters)) if value]
+        if clash:
+            raise ValueError(f"invalid {clash[0]} with --submission={args.submission!r}: the submission file is"
+                             " the whole entry (its hyperparameters come from its search space)")
+        entries = [submission_entry(args.submission, args.search_space, workloads)]
+        studies = args.studies or (3 if entries[0].space is not None else suite["studies"])
+    elif args.search_space:
         optimizer, space = load_search_space(args.search_space, args.optimizer)
         entries = [Entry(f"{optimizer}:{Path(args.search_space).stem}", optimizer, space=space)]
         studies = args.studies or 3

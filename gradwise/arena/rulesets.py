@@ -6,6 +6,10 @@
   ``QMCSampler`` (scrambled, seeded by the study index, so each study draws its own points), ``studies``
   studies; the workload's time is the median over studies of the fastest trial. A list-form space gives its
   first ``trials`` points to every study instead.
+
+An entry is an optimizer with hyperparameters or a space, or an AlgoPerf submission file (``submission_entry``):
+then its ``tuning_search_space.json`` makes it external, none self-tuning, and its trials run through
+``algoperf_trial`` with ``step_hint`` = the workload's step hint times ``budget_scale``.
 """
 from __future__ import annotations
 
@@ -13,12 +17,24 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
+from gradwise.arena.algoperf_submission import (
+    algoperf_imports,
+    batch_size,
+    check_file,
+    file_sha256,
+    find_search_space,
+    load_space,
+    load_submission,
+    submission_name,
+)
+from gradwise.arena.algoperf_trial import run_submission_trial
 from gradwise.arena.runner import run_trial
 from gradwise.arena.store import Claimed, Store
 from gradwise.arena.submissions import SELF_TUNING, check_hyperparameters, check_search_space
@@ -30,12 +46,14 @@ RULESETS = ("self", "external")
 
 @dataclass
 class Entry:
-    """A submission: a display name, the optimizer, and either fixed hyperparameters or a search space."""
+    """A submission: a display name, the optimizer, and either fixed hyperparameters or a search space; or an
+    AlgoPerf submission file (``module``) with its search space or none."""
 
     name: str
     optimizer: str
     hyperparameters: dict[str, Any] | None = None
     space: dict[str, dict] | list[dict[str, Any]] | None = None
+    module: str | None = None
 
     @property
     def ruleset(self) -> str:
@@ -48,6 +66,20 @@ def self_tuning_entry(optimizer: str) -> Entry:
                          f" Give it hyperparameters (--hyperparameters '{{\"lr\": 1e-3}}') or a search space"
                          " (--search-space FILE)")
     return Entry(optimizer, optimizer, hyperparameters=dict(SELF_TUNING[optimizer]))
+
+
+def submission_entry(path: str | Path, search_space: str | Path | None = None, workloads: list[str] = ()) -> Entry:
+    """An AlgoPerf submission file; its search space is ``search_space`` or ``tuning_search_space.json`` beside
+    it (external tuning), or none (self-tuning). The file is loaded and its functions and its batch size for
+    each of ``workloads`` are checked now, before any study is written."""
+    path = check_file(path)
+    with algoperf_imports():
+        module = load_submission(path)
+        for w in workloads:
+            batch_size(module, path, w)
+    space_file = Path(search_space) if search_space else find_search_space(path)
+    space = load_space(space_file) if space_file is not None else None
+    return Entry(submission_name(path), f"algoperf:{path.name}", space=space, module=str(path))
 
 
 @dataclass
@@ -99,18 +131,22 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
     result = []
     for j in range(studies):
         if entry.space is not None:
-            check_search_space(entry.optimizer, entry.space)
+            check_search_space(None if entry.module else entry.optimizer, entry.space)
             if isinstance(entry.space, list):  # AlgoPerf's list form: the first `trials` points
                 points, dists = [dict(p) for p in entry.space[:trials]], {}
             else:
                 points, dists = halton_points(entry.space, trials, seed=j), distributions(entry.space)
         else:
-            check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
+            if entry.module is None:
+                check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
             points, dists = [dict(entry.hyperparameters or {})], {}
         spec = {"suite": suite, "ruleset": entry.ruleset, "submission": entry.name, "optimizer": entry.optimizer,
                 "workload": workload, "study": j, "trials": len(points), "target": target,
                 "metric": w.metric, "max_steps": max_steps, "max_runtime": max_runtime,
                 "space": entry.space, "hyperparameters": entry.hyperparameters}
+        if entry.module is not None:  # a changed file is another submission: a resumed run refuses it
+            spec.update(module=entry.module, sha256=file_sha256(entry.module),
+                        step_hint=max(1, round(w.step_hint * budget_scale)))
         name = f"{suite}/{entry.ruleset}/{entry.name}/{workload}/study{j}"
         seeds = [1000 * j + i for i in range(len(points))]
         result.append(StudyPlan(name, entry, workload, spec, points, seeds, dists))
@@ -132,10 +168,14 @@ def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
         while (claimed := store.claim(p.name)) is not None:
             if on_trial is not None:
                 on_trial(p, claimed, None)
+            budget = {"seed": claimed.seed, "target": p.spec["target"], "max_steps": p.spec["max_steps"],
+                      "max_runtime": p.spec["max_runtime"], "threads": threads, "on_eval": on_eval}
             try:
-                record = run_trial(w, p.entry.optimizer, claimed.hyperparameters, seed=claimed.seed,
-                                   target=p.spec["target"], max_steps=p.spec["max_steps"],
-                                   max_runtime=p.spec["max_runtime"], threads=threads, on_eval=on_eval)
+                if p.entry.module is not None:
+                    point = claimed.hyperparameters if p.entry.space is not None else None  # self-tuning: None
+                    record = run_submission_trial(w, p.entry.module, point, step_hint=p.spec["step_hint"], **budget)
+                else:
+                    record = run_trial(w, p.entry.optimizer, claimed.hyperparameters, **budget)
             except BaseException as error:
                 state = TrialState.WAITING if isinstance(error, KeyboardInterrupt) else TrialState.FAIL
                 store.storage.set_trial_user_attr(claimed.trial_id, "error", repr(error))

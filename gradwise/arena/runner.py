@@ -82,11 +82,13 @@ def peak_rss_mb(scope: str) -> float:
     return maxrss / 2**20 if platform.system() == "Darwin" else maxrss / 1024
 
 
-def _rss_now_mb() -> float | None:
+def rss_now_mb() -> float | None:
+    """The current resident set size in MiB (Linux), or None."""
     return _status_mb("VmRSS")
 
 
-def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of every tensor in the optimizer's per-parameter state."""
     return sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
                if isinstance(v, torch.Tensor))
 
@@ -109,7 +111,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
                               "metric": workload.metric, "max_steps": max_steps, "max_runtime": max_runtime,
                               "machine": machine(threads)}
     scope = reset_peak_rss()
-    rss_start = _rss_now_mb()
+    rss_start = rss_now_mb()
     curve: list[dict[str, float]] = []
     train_time = cpu_time = 0.0
     step, hit, diverged, train_loss = 0, False, False, math.nan
@@ -146,7 +148,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
         "time_to_target": train_time if hit else None, "steps_to_target": step if hit else None,
         "best_metric": best, "final_metric": values[-1] if values else None,
         "peak_rss_mb": peak_rss_mb(scope), "peak_rss_scope": scope, "rss_start_mb": rss_start,
-        "state_bytes": _state_bytes(opt), "params": sum(p.numel() for p in model.parameters()), "curve": curve,
+        "state_bytes": state_bytes(opt), "params": sum(p.numel() for p in model.parameters()), "curve": curve,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     })
     return record

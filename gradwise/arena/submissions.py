@@ -42,11 +42,8 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "AdEMAMix": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "alpha": 5.0, "weight_decay": 0.05,
                  "warmup_factor": 0.05},
     "MARS": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.99, "weight_decay": 0.05, "warmup_factor": 0.05},
-    # Muon with Polar Express (Amsel et al. 2025, arXiv:2505.16932: lr 0.02 was best for it, Fig. 1) and NorMuon
-    # (Li et al. 2025, arXiv:2510.05491; pytorch-optimizer's lr, momentum and beta2): AdamW's point above for
-    # the AdamW route and the weight decay (not tuned)
-    "Muon": {"lr": 0.02, "momentum": 0.95, "ns_coefficients": "polar_express", "weight_decay": 0.05,
-             "adamw_lr": 2e-3, "adamw_betas": (0.9, 0.999), "adamw_weight_decay": 0.05, "warmup_factor": 0.05},
+    # NorMuon (Li et al. 2025, arXiv:2510.05491; pytorch-optimizer's lr, momentum and beta2): AdamW's point above
+    # for the AdamW route and the weight decay (not tuned)
     "NorMuon": {"lr": 0.02, "momentum": 0.95, "beta2": 0.95, "weight_decay": 0.05, "adamw_lr": 2e-3,
                 "adamw_betas": (0.9, 0.999), "adamw_wd": 0.05, "warmup_factor": 0.05},
     # SPAM (arXiv:2501.06842): AdamW's point, pytorch-optimizer's defaults for the resets (every 500 steps,
@@ -54,6 +51,17 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     # which a group marks with normalized=True, and the arena's flat parameter list marks none. Not tuned here
     "SPAM": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "warmup_factor": 0.05},
     "AdamC": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "warmup_factor": 0.05},
+    # the authors' defaults, with the arena's warmup and cosine decay: Adam, Kingma & Ba 2015 (Algorithm 1);
+    # Adafactor, Shazeer & Stern 2018 (lr 1e-2, beta2 decay -0.8, eps2 1e-3, clipping d 1: torch.optim.Adafactor's);
+    # CAME, Luo et al. 2023 (came-pytorch's README); SOAP, Vyas et al. 2024 (the authors' SOAP defaults);
+    # Muon, Jordan et al. 2024 (KellerJordan/Muon's README: lr 0.02, momentum 0.95, AdamW 3e-4, (0.9, 0.95), 0.01)
+    "Adam": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "warmup_factor": 0.05},
+    "Adafactor": {"lr": 1e-2, "beta2_decay": -0.8, "d": 1.0, "warmup_factor": 0.05},
+    "CAME": {"lr": 2e-4, "weight_decay": 1e-2, "warmup_factor": 0.05},
+    "SOAP": {"lr": 3e-3, "beta1": 0.95, "beta2": 0.95, "weight_decay": 0.01, "precondition_frequency": 10,
+             "warmup_factor": 0.05},
+    "Muon": {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "adamw_lr": 3e-4, "adamw_betas": (0.9, 0.95),
+             "adamw_weight_decay": 0.01, "warmup_factor": 0.05},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
@@ -147,12 +155,13 @@ def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[s
     return optimizer, check_search_space(optimizer, raw)
 
 
-def check_search_space(optimizer: str, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
-    """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order)."""
+def check_search_space(optimizer: str | None, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
+    """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order).
+    With ``optimizer=None`` (an AlgoPerf submission, which reads its own hyperparameters) any names are allowed."""
     if isinstance(space, list):
         if not space or not all(isinstance(point, dict) for point in space):
             raise ValueError(f"invalid search space {space!r}: a list-form space is a non-empty list of points")
-        for point in space:
+        for point in space if optimizer is not None else ():
             unknown = sorted(set(point) - set(allowed_hyperparameters(optimizer)))
             if unknown:
                 raise ValueError(f"search space has unknown hyperparameter(s) {unknown} for optimizer"
@@ -161,7 +170,7 @@ def check_search_space(optimizer: str, space: dict[str, Any] | list[dict[str, An
         return space
     if not isinstance(space, dict) or not space:
         raise ValueError(f"invalid search space {space!r}: expected a non-empty mapping of hyperparameters")
-    allowed = allowed_hyperparameters(optimizer)
+    allowed = allowed_hyperparameters(optimizer) if optimizer is not None else sorted(space)
     unknown = sorted(set(space) - set(allowed))
     if unknown:
         raise ValueError(f"search space has unknown hyperparameter(s) {unknown} for optimizer {optimizer!r};"
