@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "gradwise.by_name": ("create", "optimizer_class", "optimizer_names"),
     "gradwise.core.fused_backward": ("fused_backward",),
+    "gradwise.distributed": ("DiLoCo",),
     "gradwise.core.hyper": ("Hyper",),
     "gradwise.core.optimizer": ("Optimizer",),
     "gradwise.core.transform": ("Chain", "Context", "Transform", "chain"),
@@ -62,6 +63,7 @@ __all__ += ["estimate_sharded"]
 __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdamW", "project_low_rank",
             "scale_by_apollo"]
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
+__all__ += ["DiLoCo"]
 
 
 def __getattr__(name: str) -> Any:
