@@ -383,3 +383,19 @@ def test_one_worker_without_torch_distributed_sends_nothing_and_syncs():
         # Nesterov's first step: b = d, theta <- theta - lr (d + 0.9 d), d = theta at the sync - theta now
         torch.testing.assert_close(p, x0 - 0.7 * 1.9 * (x0 - x), rtol=1e-12, atol=1e-14)
         assert (p - x0).abs().max() > MOVED
+
+
+def test_a_refused_inner_step_changes_nothing():
+    """The inner step raises (here its closure): no step is counted, nothing syncs, nothing moves."""
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=1)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def closure():
+        raise RuntimeError("the loss could not be computed")
+
+    with pytest.raises(RuntimeError, match="could not be computed"):
+        diloco.step(closure)
+    assert diloco.local_step == 0 and diloco.comm_stats["steps"] == 0
+    assert all(torch.equal(p, b) and torch.equal(s, b) for p, s, b in zip(model.parameters(), diloco.synced, before))
+    assert not diloco.inner.state and all(not o.state for o in diloco.outer)
