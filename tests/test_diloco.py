@@ -10,10 +10,12 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
 * **simulation**: the workers simulated one after the other in this process, from the paper's rule written
   out here (pseudo-gradient = synced copy minus the worker's parameters, averaged, then the outer Nesterov
   ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside against
-  torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered fragments;
+  torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered fragments
+  and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
   and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit;
-* **resume**: ``state_dict`` mid-phase through ``torch.save``, loaded into a new model and DiLoCo, and a
-  ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically (the sent bytes too);
+* **resume**: ``state_dict`` mid-phase (once with a sync under way) through ``torch.save``, loaded into a
+  new model and DiLoCo, and a ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically
+  (the sent bytes too);
 * **bytes**: ``comm_stats`` equals sizes computed here by hand from the shapes;
 * **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in its
   all-reduce, is stopped at once (its all-reduce fails, or the harness ends it), well before gloo's
@@ -102,7 +104,7 @@ def _assert_equal(label: str, a, b) -> None:
 
 # --------------------------------------------------------------------------- the paper's rule, simulated
 def _simulate(build_inner, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
-              fragments: int = 1, comm_dtype=None) -> list[list[torch.Tensor]]:
+              fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0) -> list[list[torch.Tensor]]:
     """Every worker in turn, in this process: each worker's parameters after ``steps`` inner steps of DiLoCo."""
     models = [_mlp(dtype) for _ in range(WORLD_SIZE)]
     inners = [build_inner(m.parameters()) for m in models]
@@ -110,29 +112,40 @@ def _simulate(build_inner, dtype, steps: int, sync_every: int, outer_lr: float, 
     n = len(params[0])
     synced = [p.detach().clone() for p in params[0]]
     momenta = [None] * n
+    pending = []  # (apply after this step, fragment, {parameter index: averaged pseudo-gradient})
     for step in range(1, steps + 1):
         for rank in range(WORLD_SIZE):
             _backward(models[rank], step - 1, rank)
             inners[rank].step()
             inners[rank].zero_grad()
         for f in range(fragments):
-            if (step + f * sync_every // fragments) % sync_every:
-                continue
-            with torch.no_grad():
-                for i in range(f * n // fragments, (f + 1) * n // fragments):
-                    deltas = [synced[i] - params[rank][i] for rank in range(WORLD_SIZE)]
-                    if comm_dtype is None:
-                        total = deltas[0] + deltas[1]
-                    else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
-                        total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
-                    d = total.to(dtype) / WORLD_SIZE
+            if (step + f * sync_every // fragments) % sync_every == 0:
+                indices = range(f * n // fragments, (f + 1) * n // fragments)
+                pending.append((step + overlap, f, {i: _averaged(synced[i], [p[i] for p in params], dtype, comm_dtype)
+                                                    for i in indices}))
+        with torch.no_grad():
+            for _, _, averaged in [p for p in pending if p[0] == step]:
+                for i, d in averaged.items():
                     if momentum:  # torch.optim.SGD's Nesterov, op for op: b = d first, then b = mu b + d
                         momenta[i] = d.clone() if momenta[i] is None else momenta[i].mul_(momentum).add_(d)
                         d = d.add(momenta[i], alpha=momentum)
                     synced[i].add_(d, alpha=-outer_lr)
-                    for rank in range(WORLD_SIZE):
-                        params[rank][i].copy_(synced[i])
+                    for rank in range(WORLD_SIZE):  # the worker restarts from the synced copy, or merges
+                        merged = synced[i] if not alpha else alpha * params[rank][i] + (1 - alpha) * synced[i]
+                        params[rank][i].copy_(merged)
+            pending = [p for p in pending if p[0] != step]
     return params
+
+
+def _averaged(synced, worker_params, dtype, comm_dtype) -> torch.Tensor:
+    """The mean over the workers of ``synced - theta_worker``, summed in ``comm_dtype`` if given."""
+    with torch.no_grad():
+        deltas = [synced - p for p in worker_params]
+        if comm_dtype is None:
+            total = deltas[0] + deltas[1]
+        else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
+            total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
+        return total.to(dtype) / WORLD_SIZE
 
 
 def _adamw(params, lr=1e-2):
@@ -195,6 +208,14 @@ def _case_simulation(rank: int) -> None:
     # Streaming DiLoCo: two fragments, synced at staggered steps
     _against_simulation("two fragments", lambda m: gradwise.DiLoCo(_adamw(m.parameters()), sync_every=4,
                         fragments=2), _torch_adamw, f64, 22, rank, exact=False, momentum=0.9, fragments=2)
+    # overlapped: the all-reduce runs behind two inner steps, then the workers merge half and half; and
+    # behind one step, two fragments, the workers replaced
+    _against_simulation("overlap 2, merge 0.5", lambda m: gradwise.DiLoCo(_adamw(m.parameters()), sync_every=4,
+                        overlap=2, merge_alpha=0.5), _torch_adamw, f64, 22, rank, exact=False, momentum=0.9,
+                        overlap=2, alpha=0.5)
+    _against_simulation("overlap 1, two fragments", lambda m: gradwise.DiLoCo(
+        _adamw(m.parameters()), sync_every=4, fragments=2, overlap=1), _torch_adamw, f64, 21, rank, exact=False,
+        momentum=0.9, fragments=2, overlap=1)
     # bfloat16 pseudo-gradients, float32 parameters: bit for bit (the same inner optimizer simulated)
     _against_simulation("bfloat16 pseudo-gradients", lambda m: gradwise.DiLoCo(
         _adamw(m.parameters()), sync_every=2, pseudo_gradient_dtype=torch.bfloat16), _adamw, torch.float32, 20,
@@ -203,10 +224,12 @@ def _case_simulation(rank: int) -> None:
 
 def _case_resume(rank: int) -> None:
     for label, kwargs in (("plain", {}), ("bfloat16, two fragments", {"pseudo_gradient_dtype": torch.bfloat16,
-                                                                       "fragments": 2})):
+                                                                       "fragments": 2}),
+                          ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25})):
         model = _mlp()
         diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
         _train(diloco, model, _backward, range(4), rank)  # one step into the second phase
+        assert bool(diloco.pending) == ("overlap" in kwargs), label
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "diloco": diloco.state_dict()}, buffer)
         copied_model, copied = copy.deepcopy((model, diloco))
@@ -308,8 +331,8 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     failure = outcomes["failure"]
     # whichever rank the harness hears from first: worker 1's error, or worker 0's all-reduce failing on it
     # (worker 1's process group closes as its error unwinds)
-    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "in all_reduce" in failure \
-                                                      and "diloco.py" in failure), failure
+    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "diloco.py" in failure
+                                                      and "in step" in failure), failure
     assert not outcomes["rank0_went_on"]
     assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
 
@@ -328,6 +351,9 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"pseudo_gradient_dtype": torch.int8}, r"pseudo_gradient_dtype=torch.int8"),
     ({"outer": "sgd"}, r"outer='sgd': expected an optimizer class or a factory"),
     ({"outer": lambda params, lr: params}, r"returned a list, not a torch.optim.Optimizer"),
+    ({"overlap": 2, "sync_every": 2}, r"overlap=2: expected an int from 0 to sync_every - 1 \(1\)"),
+    ({"overlap": -1}, r"overlap=-1"),
+    ({"merge_alpha": 1.5}, r"merge_alpha=1.5: expected a number from 0 to 1"),
     ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):

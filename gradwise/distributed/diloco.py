@@ -14,7 +14,11 @@ The outer optimizer defaults to the paper's Nesterov SGD (momentum 0.9, ``outer_
 ``fragments=P`` is Streaming DiLoCo's staggering (Douillard et al. 2025, "Streaming DiLoCo with overlapping
 communication"): the parameters, in order, are cut into ``P`` runs of about equal count, each with its own
 synced copy and outer optimizer, and fragment ``p`` syncs after the inner steps ``s`` with
-``(s + p * H // P) % H == 0``, so the bytes of one sync are spread over the phase.
+``(s + p * H // P) % H == 0``, so the bytes of one sync are spread over the phase. ``overlap=tau``
+(Streaming DiLoCo's overlapping communication) starts the all-reduce in the background and applies the
+outer step ``tau`` inner steps later, the worker's parameters then merged as
+``theta_local <- alpha theta_local + (1 - alpha) theta_sync`` (``merge_alpha``; 0 replaces them), so
+that the all-reduce runs behind ``tau`` inner steps instead of blocking.
 
 Every byte this worker sends goes through ``gradwise.core.collectives`` and is counted in ``traffic``
 (``comm_stats``): one all-reduce per fragment, device and dtype at each of its syncs, of
@@ -25,18 +29,37 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from gradwise.core.collectives import Traffic, all_reduce
+from gradwise.core.collectives import Traffic, all_reduce_started
 from gradwise.core.params import DTensor
 
 
 def outer_nesterov(params, lr: float) -> torch.optim.Optimizer:
     """The paper's outer optimizer: ``torch.optim.SGD(params, lr, momentum=0.9, nesterov=True)``."""
     return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+
+
+@dataclass
+class Pending:
+    """A fragment's sync under way: the summed pseudo-gradients (one buffer per device and dtype, each
+    with its parameter indices) and the all-reduces filling them, applied after inner step ``apply_at``."""
+
+    fragment: int
+    apply_at: int
+    buffers: list[tuple[list[int], Tensor]]
+    works: list[Any]
+
+    def wait(self) -> None:
+        for work in self.works:
+            if work is not None:
+                work.wait()
+        self.works = [None] * len(self.works)
 
 
 class DiLoCo:
@@ -53,11 +76,14 @@ class DiLoCo:
             initialized). Every worker must start from the same parameters, as DDP's replicas do.
         pseudo_gradient_dtype: the dtype the pseudo-gradients travel in (None: the parameters' own).
         fragments: Streaming DiLoCo's fragments, synced at staggered steps (1: plain DiLoCo).
+        overlap: inner steps the all-reduce runs behind before its outer step applies (0: it blocks).
+        merge_alpha: how much of its own parameters a worker keeps when an overlapped outer step applies.
     """
 
     def __init__(self, inner: torch.optim.Optimizer, outer: Callable[..., torch.optim.Optimizer] = outer_nesterov,
                  outer_lr: float = 0.7, sync_every: int = 500, process_group: Any = None, *,
-                 pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1) -> None:
+                 pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1, overlap: int = 0,
+                 merge_alpha: float = 0.0) -> None:
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"invalid inner, a {type(inner).__name__}: expected a torch.optim.Optimizer"
                             " (e.g. gradwise.AdamW(model.parameters()))")
@@ -72,6 +98,11 @@ class DiLoCo:
                                                       and pseudo_gradient_dtype.is_floating_point):
             raise ValueError(f"invalid pseudo_gradient_dtype={pseudo_gradient_dtype!r}: expected None or a"
                              " floating-point torch.dtype (e.g. torch.bfloat16)")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < sync_every:
+            raise ValueError(f"invalid overlap={overlap!r}: expected an int from 0 to sync_every - 1"
+                             f" ({sync_every - 1}), the inner steps an all-reduce may run behind")
+        if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, (int, float)) or not 0 <= merge_alpha <= 1:
+            raise ValueError(f"invalid merge_alpha={merge_alpha!r}: expected a number from 0 to 1")
         if process_group is not None and not dist.is_initialized():
             raise ValueError(f"invalid process_group={process_group!r}: torch.distributed is not initialized")
         params = [p for g in inner.param_groups for p in g["params"]]
@@ -87,6 +118,10 @@ class DiLoCo:
         self.sync_every = sync_every
         self.process_group = process_group
         self.pseudo_gradient_dtype = pseudo_gradient_dtype
+        self.overlap = overlap
+        self.merge_alpha = float(merge_alpha)
+        #: the syncs started and not applied yet, oldest first
+        self.pending: list[Pending] = []
         self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.traffic = Traffic()
         #: inner steps taken since the start of training (kept in ``state_dict``)
@@ -115,35 +150,54 @@ class DiLoCo:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One inner step; then, for each fragment whose phase ends here, one sync and outer step."""
+        """One inner step; then each fragment whose phase ends here starts its sync, and each sync due
+        (``overlap`` steps after it started) applies its outer step."""
         loss = self.inner.step() if closure is None else self.inner.step(closure)
         self.local_step += 1
-        for f, indices in enumerate(self.fragments):
+        for f in range(len(self.fragments)):
             if self.due(f, self.local_step):
-                self._sync(f, indices)
+                self.pending.append(self._start(f))
+        while self.pending and self.pending[0].apply_at == self.local_step:
+            self._apply(self.pending.pop(0))
         return loss
 
     def due(self, fragment: int, step: int) -> bool:
         """Whether ``fragment`` syncs after inner step ``step`` (counted from 1)."""
         return (step + fragment * self.sync_every // len(self.fragments)) % self.sync_every == 0
 
-    @torch.no_grad()
-    def _sync(self, fragment: int, indices: range) -> None:
+    def _buckets(self, fragment: int) -> list[list[int]]:
+        """``fragment``'s parameter indices by device and dtype: one buffer, one all-reduce, each."""
         buckets: dict[tuple, list[int]] = {}
-        for i in indices:
+        for i in self.fragments[fragment]:
             buckets.setdefault((self.params[i].device, self.params[i].dtype), []).append(i)
-        for (_, dtype), members in buckets.items():
+        return list(buckets.values())
+
+    @torch.no_grad()
+    def _start(self, fragment: int) -> Pending:
+        """Each worker's pseudo-gradient of ``fragment``, in one buffer per device and dtype, all-reducing."""
+        buffers, works = [], []
+        for members in self._buckets(fragment):
             flat = torch.cat([(self.synced[i] - self.params[i]).reshape(-1) for i in members])
             sent = flat if self.pseudo_gradient_dtype is None else flat.to(self.pseudo_gradient_dtype)
-            if self.world > 1:
-                all_reduce(sent, "sum", self.process_group, self.traffic)
-            mean = sent.to(dtype).div_(self.world)
+            works.append(all_reduce_started(sent, self.process_group, self.traffic) if self.world > 1 else None)
+            buffers.append((members, sent))
+        return Pending(fragment, self.local_step + self.overlap, buffers, works)
+
+    @torch.no_grad()
+    def _apply(self, pending: Pending) -> None:
+        """The outer step on the averaged pseudo-gradient; the worker restarts from (or merges with) it."""
+        pending.wait()
+        for members, summed in pending.buffers:
+            mean = summed.to(self.params[members[0]].dtype).div_(self.world)
             for i, delta in zip(members, mean.split([self.params[i].numel() for i in members])):
                 self.synced[i].grad = delta.view_as(self.synced[i])
-        self.outer[fragment].step()
-        for i in indices:
+        self.outer[pending.fragment].step()
+        for i in self.fragments[pending.fragment]:
             self.synced[i].grad = None
-            self.params[i].copy_(self.synced[i])
+            if self.merge_alpha:
+                self.params[i].lerp_(self.synced[i], 1 - self.merge_alpha)
+            else:
+                self.params[i].copy_(self.synced[i])
 
     @property
     def comm_stats(self) -> dict[str, Any]:
@@ -156,17 +210,23 @@ class DiLoCo:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The inner and outer optimizers' states, the synced copy, the step count and what was sent."""
+        for pending in self.pending:
+            pending.wait()
         return {"inner": self.inner.state_dict(), "outer": [o.state_dict() for o in self.outer],
                 "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
-                "sync_every": self.sync_every, "fragments": len(self.fragments),
+                "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
+                "pending": [{"fragment": p.fragment, "apply_at": p.apply_at,
+                             "summed": [summed.clone() for _, summed in p.buffers]} for p in self.pending],
                 "traffic": {"calls": dict(self.traffic.calls), "bytes_sent": dict(self.traffic.bytes_sent)}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
-        missing = {"inner", "outer", "synced", "local_step", "sync_every", "fragments", "traffic"} - set(state)
+        keys = {"inner", "outer", "synced", "local_step", "sync_every", "fragments", "overlap", "pending", "traffic"}
+        missing = keys - set(state)
         if missing:
             raise ValueError(f"DiLoCo.load_state_dict: the state lacks {sorted(missing)}")
-        for key, mine in (("sync_every", self.sync_every), ("fragments", len(self.fragments))):
+        for key, mine in (("sync_every", self.sync_every), ("fragments", len(self.fragments)),
+                          ("overlap", self.overlap)):
             if state[key] != mine:
                 raise ValueError(f"DiLoCo.load_state_dict: the state has {key}={state[key]!r}, this DiLoCo"
                                  f" {key}={mine!r}; build it with the same {key}")
@@ -175,6 +235,12 @@ class DiLoCo:
                                                   for s, t in zip(synced, self.synced)):
             raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
                              " parameters'; load a state saved for this model")
+        pending = [{**p, "summed": [t.clone() for t in p["summed"]]} for p in state["pending"]]
+        for p in pending:
+            sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
+            if [t.numel() for t in p["summed"]] != sizes:
+                raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
+                                 f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
         self.inner.load_state_dict(state["inner"])
         for outer, saved in zip(self.outer, state["outer"]):
             outer.load_state_dict(saved)
@@ -182,10 +248,15 @@ class DiLoCo:
             for s, saved in zip(self.synced, synced):
                 s.copy_(saved)
         self.local_step = int(state["local_step"])
+        self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
+                                [None] * len(p["summed"])) for p in pending]
         self.traffic = Traffic(Counter(state["traffic"]["calls"]), Counter(state["traffic"]["bytes_sent"]))
 
     def __deepcopy__(self, memo: dict) -> "DiLoCo":
-        """A copy with its own tensors and optimizers, on the same process group (a group is not copied)."""
+        """A copy with its own tensors and optimizers, on the same process group (a group is not copied);
+        a sync under way is waited for first."""
+        for pending in self.pending:
+            pending.wait()
         memo[id(self.process_group)] = self.process_group
         new = type(self).__new__(type(self))
         memo[id(self)] = new
@@ -196,5 +267,7 @@ class DiLoCo:
     def __repr__(self) -> str:
         dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
         fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
+        overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
         return (f"DiLoCo(inner={type(self.inner).__name__}, outer={type(self.outer[0]).__name__},"
-                f" outer_lr={self.outer_lr}, sync_every={self.sync_every}, workers={self.world}{dtype}{fragments})")
+                f" outer_lr={self.outer_lr}, sync_every={self.sync_every}, workers={self.world}{dtype}{fragments}"
+                f"{overlap})")
