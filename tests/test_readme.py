@@ -63,6 +63,16 @@ def usage_is_a_drop_in_for_torch_adamw(scope, code):
     assert torch_run["optimizer"].param_groups[0]["lr"] == pytest.approx(lr, rel=1e-12)
 
 
+@claim("gradwise.DiLoCo(inner, outer_lr=0.7, sync_every=50)")
+def diloco_synced_twice_and_sent_nothing(scope, code):
+    """After 100 steps the model is the synced copy (the second sync just ran); one process sends nothing;
+    the bytes per sync the text names are the model's (2 gloo ranks: tests/test_diloco.py)."""
+    optimizer, model = scope["optimizer"], scope["model"]
+    assert optimizer.comm_stats == {"collectives": 0, "bytes_sent": 0, "steps": 100, "bytes_sent_per_step": 0.0}
+    assert all(torch.equal(p, s) for p, s in zip(model.parameters(), optimizer.synced))
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == 272
+
+
 @claim("ScheduleLR(optimizer, warmup(100, start=0.01) + cosine(900))")
 def schedule_warms_up_then_decays_to_zero(scope, code):
     optimizer, scheduler = scope["optimizer"], scope["scheduler"]

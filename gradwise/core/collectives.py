@@ -41,6 +41,14 @@ def all_reduce(tensor: Tensor, op: str, group, traffic: Traffic) -> Tensor:
     return tensor
 
 
+def all_reduce_started(tensor: Tensor, group, traffic: Traffic):
+    """``tensor`` summed in place over ``group`` in the background; returns the ``Work`` to ``wait()`` on
+    before reading it. Counted when it starts, as ``all_reduce``."""
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    traffic.record("all_reduce", tensor.nbytes)
+    return work
+
+
 def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) -> list[Tensor]:
     """Send ``chunks[r]`` (1-D, one dtype) to rank r of ``group``; returns what each rank sent here,
     ``sizes[r]`` elements from rank r."""

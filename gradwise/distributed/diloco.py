@@ -1,0 +1,273 @@
+"""DiLoCo: many local inner steps per worker, then one outer step on the averaged pseudo-gradient.
+
+Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language Models". Each of the
+``M`` workers (the ranks of ``process_group``) runs its own inner optimizer on its own data; every ``H``
+inner steps the workers average their pseudo-gradients and an outer optimizer steps the synced copy::
+
+    delta = theta_sync - theta_local          (on each worker: what its H inner steps moved)
+    delta_bar = (sum over workers of delta) / M      (one all-reduce)
+    theta_sync <- outer.step(theta_sync, grad=delta_bar);   theta_local <- theta_sync
+
+The outer optimizer defaults to the paper's Nesterov SGD (momentum 0.9, ``outer_lr`` 0.7).
+``pseudo_gradient_dtype=torch.bfloat16`` casts each worker's delta to bfloat16 before the all-reduce
+(a plain cast, round to nearest even; the sum runs in bfloat16) and back after: half the bytes.
+``fragments=P`` is Streaming DiLoCo's staggering (Douillard et al. 2025, "Streaming DiLoCo with overlapping
+communication"): the parameters, in order, are cut into ``P`` runs of about equal count, each with its own
+synced copy and outer optimizer, and fragment ``p`` syncs after the inner steps ``s`` with
+``(s + p * H // P) % H == 0``, so the bytes of one sync are spread over the phase. ``overlap=tau``
+(Streaming DiLoCo's overlapping communication) starts the all-reduce in the background and applies the
+outer step ``tau`` inner steps later, the worker's parameters then merged as
+``theta_local <- alpha theta_local + (1 - alpha) theta_sync`` (``merge_alpha``; 0 replaces them), so
+that the all-reduce runs behind ``tau`` inner steps instead of blocking.
+
+Every byte this worker sends goes through ``gradwise.core.collectives`` and is counted in ``traffic``
+(``comm_stats``): one all-reduce per fragment, device and dtype at each of its syncs, of
+``numel x element size`` bytes (the communication dtype's).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gradwise.core.collectives import Traffic, all_reduce_started
+from gradwise.core.params import DTensor
+
+
+def outer_nesterov(params, lr: float) -> torch.optim.Optimizer:
+    """The paper's outer optimizer: ``torch.optim.SGD(params, lr, momentum=0.9, nesterov=True)``."""
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+
+
+@dataclass
+class Pending:
+    """A fragment's sync under way: the summed pseudo-gradients (one buffer per device and dtype, each
+    with its parameter indices) and the all-reduces filling them, applied after inner step ``apply_at``."""
+
+    fragment: int
+    apply_at: int
+    buffers: list[tuple[list[int], Tensor]]
+    works: list[Any]
+
+    def wait(self) -> None:
+        for work in self.works:
+            if work is not None:
+                work.wait()
+        self.works = [None] * len(self.works)
+
+
+class DiLoCo:
+    """``step()`` where ``inner.step()`` was; every ``sync_every`` steps the workers average what they moved.
+
+    Args:
+        inner: the worker's optimizer (any ``torch.optim.Optimizer``, gradwise's included); its state is
+            kept across syncs. Schedule its learning rate on it (``LambdaLR(diloco.inner, ...)``).
+        outer: a class or factory called as ``outer(param_groups, lr=outer_lr)`` over the synced copy
+            (default: ``outer_nesterov``); any torch.optim class or gradwise recipe.
+        outer_lr: the outer learning rate (> 0).
+        sync_every: H, inner steps per phase (an int >= 1).
+        process_group: the workers (default: the default group; one worker when torch.distributed is not
+            initialized). Every worker must start from the same parameters, as DDP's replicas do.
+        pseudo_gradient_dtype: the dtype the pseudo-gradients travel in (None: the parameters' own).
+        fragments: Streaming DiLoCo's fragments, synced at staggered steps (1: plain DiLoCo).
+        overlap: inner steps the all-reduce runs behind before its outer step applies (0: it blocks).
+        merge_alpha: how much of its own parameters a worker keeps when an overlapped outer step applies.
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, outer: Callable[..., torch.optim.Optimizer] = outer_nesterov,
+                 outer_lr: float = 0.7, sync_every: int = 500, process_group: Any = None, *,
+                 pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1, overlap: int = 0,
+                 merge_alpha: float = 0.0) -> None:
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(f"invalid inner, a {type(inner).__name__}: expected a torch.optim.Optimizer"
+                            " (e.g. gradwise.AdamW(model.parameters()))")
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"invalid sync_every={sync_every!r}: expected an int >= 1 (inner steps per sync)")
+        if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or not 0 < outer_lr < math.inf:
+            raise ValueError(f"invalid outer_lr={outer_lr!r}: expected a finite number > 0")
+        if not callable(outer):
+            raise TypeError(f"invalid outer={outer!r}: expected an optimizer class or a factory"
+                            " outer(param_groups, lr=...) returning a torch.optim.Optimizer")
+        if pseudo_gradient_dtype is not None and not (isinstance(pseudo_gradient_dtype, torch.dtype)
+                                                      and pseudo_gradient_dtype.is_floating_point):
+            raise ValueError(f"invalid pseudo_gradient_dtype={pseudo_gradient_dtype!r}: expected None or a"
+                             " floating-point torch.dtype (e.g. torch.bfloat16)")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < sync_every:
+            raise ValueError(f"invalid overlap={overlap!r}: expected an int from 0 to sync_every - 1"
+                             f" ({sync_every - 1}), the inner steps an all-reduce may run behind")
+        if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, (int, float)) or not 0 <= merge_alpha <= 1:
+            raise ValueError(f"invalid merge_alpha={merge_alpha!r}: expected a number from 0 to 1")
+        if process_group is not None and not dist.is_initialized():
+            raise ValueError(f"invalid process_group={process_group!r}: torch.distributed is not initialized")
+        params = [p for g in inner.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            if isinstance(p, DTensor):
+                raise NotImplementedError(f"inner's parameter {i} is a DTensor: DiLoCo averages whole replicas"
+                                          " (plain tensors, one full copy per worker), not FSDP shards")
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= len(params):
+            raise ValueError(f"invalid fragments={fragments!r}: expected an int from 1 to the number of"
+                             f" parameters ({len(params)})")
+        self.inner = inner
+        self.outer_lr = float(outer_lr)
+        self.sync_every = sync_every
+        self.process_group = process_group
+        self.pseudo_gradient_dtype = pseudo_gradient_dtype
+        self.overlap = overlap
+        self.merge_alpha = float(merge_alpha)
+        #: the syncs started and not applied yet, oldest first
+        self.pending: list[Pending] = []
+        self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        self.traffic = Traffic()
+        #: inner steps taken since the start of training (kept in ``state_dict``)
+        self.local_step = 0
+        self.params = params
+        self.synced = [p.detach().clone() for p in params]
+        #: the parameter indices of each fragment, a contiguous run
+        self.fragments = [range(f * len(params) // fragments, (f + 1) * len(params) // fragments)
+                          for f in range(fragments)]
+        self.outer = [self._outer(outer, indices) for indices in self.fragments]
+
+    def _outer(self, outer: Callable, indices: range) -> torch.optim.Optimizer:
+        built = outer([{"params": [self.synced[i] for i in indices]}], lr=self.outer_lr)
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TypeError(f"invalid outer={outer!r}: outer(param_groups, lr=...) returned a"
+                            f" {type(built).__name__}, not a torch.optim.Optimizer")
+        return built
+
+    # ------------------------------------------------------------------ the step
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The inner optimizer's groups (their ``lr`` is the inner learning rate)."""
+        return self.inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One inner step; then each fragment whose phase ends here starts its sync, and each sync due
+        (``overlap`` steps after it started) applies its outer step."""
+        loss = self.inner.step() if closure is None else self.inner.step(closure)
+        self.local_step += 1
+        for f in range(len(self.fragments)):
+            if self.due(f, self.local_step):
+                self.pending.append(self._start(f))
+        while self.pending and self.pending[0].apply_at == self.local_step:
+            self._apply(self.pending.pop(0))
+        return loss
+
+    def due(self, fragment: int, step: int) -> bool:
+        """Whether ``fragment`` syncs after inner step ``step`` (counted from 1)."""
+        return (step + fragment * self.sync_every // len(self.fragments)) % self.sync_every == 0
+
+    def _buckets(self, fragment: int) -> list[list[int]]:
+        """``fragment``'s parameter indices by device and dtype: one buffer, one all-reduce, each."""
+        buckets: dict[tuple, list[int]] = {}
+        for i in self.fragments[fragment]:
+            buckets.setdefault((self.params[i].device, self.params[i].dtype), []).append(i)
+        return list(buckets.values())
+
+    @torch.no_grad()
+    def _start(self, fragment: int) -> Pending:
+        """Each worker's pseudo-gradient of ``fragment``, in one buffer per device and dtype, all-reducing."""
+        buffers, works = [], []
+        for members in self._buckets(fragment):
+            flat = torch.cat([(self.synced[i] - self.params[i]).reshape(-1) for i in members])
+            sent = flat if self.pseudo_gradient_dtype is None else flat.to(self.pseudo_gradient_dtype)
+            works.append(all_reduce_started(sent, self.process_group, self.traffic) if self.world > 1 else None)
+            buffers.append((members, sent))
+        return Pending(fragment, self.local_step + self.overlap, buffers, works)
+
+    @torch.no_grad()
+    def _apply(self, pending: Pending) -> None:
+        """The outer step on the averaged pseudo-gradient; the worker restarts from (or merges with) it."""
+        pending.wait()
+        for members, summed in pending.buffers:
+            mean = summed.to(self.params[members[0]].dtype).div_(self.world)
+            for i, delta in zip(members, mean.split([self.params[i].numel() for i in members])):
+                self.synced[i].grad = delta.view_as(self.synced[i])
+        self.outer[pending.fragment].step()
+        for i in self.fragments[pending.fragment]:
+            self.synced[i].grad = None
+            if self.merge_alpha:
+                self.params[i].lerp_(self.synced[i], 1 - self.merge_alpha)
+            else:
+                self.params[i].copy_(self.synced[i])
+
+    @property
+    def comm_stats(self) -> dict[str, Any]:
+        """``{"collectives", "bytes_sent", "all_reduce_bytes", "steps", "bytes_sent_per_step"}``: what this
+        worker sent since training began (resumes included), and per inner step."""
+        out: dict[str, Any] = self.traffic.summary()
+        out.update(steps=self.local_step, bytes_sent_per_step=out["bytes_sent"] / max(self.local_step, 1))
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The inner and outer optimizers' states, the synced copy, the step count and what was sent."""
+        for pending in self.pending:
+            pending.wait()
+        return {"inner": self.inner.state_dict(), "outer": [o.state_dict() for o in self.outer],
+                "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
+                "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
+                "pending": [{"fragment": p.fragment, "apply_at": p.apply_at,
+                             "summed": [summed.clone() for _, summed in p.buffers]} for p in self.pending],
+                "traffic": {"calls": dict(self.traffic.calls), "bytes_sent": dict(self.traffic.bytes_sent)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
+        keys = {"inner", "outer", "synced", "local_step", "sync_every", "fragments", "overlap", "pending", "traffic"}
+        missing = keys - set(state)
+        if missing:
+            raise ValueError(f"DiLoCo.load_state_dict: the state lacks {sorted(missing)}")
+        for key, mine in (("sync_every", self.sync_every), ("fragments", len(self.fragments)),
+                          ("overlap", self.overlap)):
+            if state[key] != mine:
+                raise ValueError(f"DiLoCo.load_state_dict: the state has {key}={state[key]!r}, this DiLoCo"
+                                 f" {key}={mine!r}; build it with the same {key}")
+        synced = state["synced"]
+        if len(synced) != len(self.synced) or any(s.shape != t.shape or s.dtype != t.dtype
+                                                  for s, t in zip(synced, self.synced)):
+            raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
+                             " parameters'; load a state saved for this model")
+        pending = [{**p, "summed": [t.clone() for t in p["summed"]]} for p in state["pending"]]
+        for p in pending:
+            sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
+            if [t.numel() for t in p["summed"]] != sizes:
+                raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
+                                 f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
+        self.inner.load_state_dict(state["inner"])
+        for outer, saved in zip(self.outer, state["outer"]):
+            outer.load_state_dict(saved)
+        with torch.no_grad():
+            for s, saved in zip(self.synced, synced):
+                s.copy_(saved)
+        self.local_step = int(state["local_step"])
+        self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
+                                [None] * len(p["summed"])) for p in pending]
+        self.traffic = Traffic(Counter(state["traffic"]["calls"]), Counter(state["traffic"]["bytes_sent"]))
+
+    def __deepcopy__(self, memo: dict) -> "DiLoCo":
+        """A copy with its own tensors and optimizers, on the same process group (a group is not copied);
+        a sync under way is waited for first."""
+        for pending in self.pending:
+            pending.wait()
+        memo[id(self.process_group)] = self.process_group
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        return new
+
+    def __repr__(self) -> str:
+        dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
+        fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
+        overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
+        return (f"DiLoCo(inner={type(self.inner).__name__}, outer={type(self.outer[0]).__name__},"
+                f" outer_lr={self.outer_lr}, sync_every={self.sync_every}, workers={self.world}{dtype}{fragments}"
+                f"{overlap})")

@@ -1,0 +1,427 @@
+"""``gradwise.DiLoCo`` on real gloo ranks, against data-parallel training and a step-by-step simulation.
+
+One spawn of two ranks runs every distributed case (``outcomes``), each rank on its own batches:
+
+* **data-parallel**: with ``sync_every=1`` and an outer SGD of lr 1 without momentum, DiLoCo is data-parallel
+  training with the inner optimizer, for an inner optimizer that is linear in the gradients (SGD, momentum,
+  Nesterov): the mean of the workers' steps is the step on the mean gradient. Bit for bit where the
+  arithmetic is exact (a quadratic on small dyadic numbers: every sum and halving exact), to float32
+  rounding on an MLP;
+* **simulation**: the workers simulated one after the other in this process, from the paper's rule written
+  out here (pseudo-gradient = synced copy minus the worker's parameters, averaged, then the outer Nesterov
+  ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside against
+  torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered fragments
+  and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
+  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit;
+* **resume**: ``state_dict`` mid-phase (once with a sync under way) through ``torch.save``, loaded into a
+  new model and DiLoCo, and a ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically
+  (the sent bytes too);
+* **bytes**: ``comm_stats`` equals sizes computed here by hand from the shapes;
+* **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in its
+  all-reduce, is stopped at once (its all-reduce fails, or the harness ends it), well before gloo's
+  collective timeout, and the test fails with the error.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import json
+import math
+import os
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradwise
+from tests.distributed_harness import COLLECTIVE_TIMEOUT_S, labelled, needs_gloo, spawn
+
+WORLD_SIZE = 2
+#: how far a parameter must move, so that an equality is not vacuous
+MOVED = 1e-3
+
+
+# --------------------------------------------------------------------------- models and data
+def _mlp(dtype=torch.float32) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+
+
+def _loss(model, step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    dtype = next(model.parameters()).dtype
+    x, y = torch.randn(4, 6, generator=g, dtype=dtype), torch.randn(4, 3, generator=g, dtype=dtype)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _backward(model, step: int, rank: int) -> None:
+    _loss(model, step, rank).backward()
+
+
+class _Quadratic(torch.nn.Module):
+    """``0.5 |w - t|^2`` with integer weights and targets: with lr 0.5 every step's arithmetic is exact."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randint(-8, 9, (3, 4), generator=g).float())
+        self.b = torch.nn.Parameter(torch.randint(-8, 9, (5,), generator=g).float())
+
+
+def _quadratic_backward(model, step: int, rank: int) -> None:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    loss = sum(0.5 * (p - torch.randint(-8, 9, p.shape, generator=g).float()).square().sum()
+               for p in model.parameters())
+    loss.backward()
+
+
+def _data_parallel_backward(backward, model, step: int, rank: int) -> None:
+    backward(model, step, rank)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= WORLD_SIZE
+
+
+def _train(diloco, model, backward, steps, rank: int) -> None:
+    for step in steps:
+        backward(model, step, rank)
+        diloco.step()
+        diloco.zero_grad()
+
+
+def _assert_moved(label: str, model, initial) -> None:
+    for p, before in zip(model.parameters(), initial):
+        assert (p - before).abs().max() > MOVED, f"{label}: a parameter barely moved; the check is vacuous"
+
+
+def _assert_equal(label: str, a, b) -> None:
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), f"{label}: max abs diff {(p - q).abs().max().item():.3g}"
+
+
+# --------------------------------------------------------------------------- the paper's rule, simulated
+def _simulate(build_inner, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
+              fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0) -> list[list[torch.Tensor]]:
+    """Every worker in turn, in this process: each worker's parameters after ``steps`` inner steps of DiLoCo."""
+    models = [_mlp(dtype) for _ in range(WORLD_SIZE)]
+    inners = [build_inner(m.parameters()) for m in models]
+    params = [list(m.parameters()) for m in models]
+    n = len(params[0])
+    synced = [p.detach().clone() for p in params[0]]
+    momenta = [None] * n
+    pending = []  # (apply after this step, fragment, {parameter index: averaged pseudo-gradient})
+    for step in range(1, steps + 1):
+        for rank in range(WORLD_SIZE):
+            _backward(models[rank], step - 1, rank)
+            inners[rank].step()
+            inners[rank].zero_grad()
+        for f in range(fragments):
+            if (step + f * sync_every // fragments) % sync_every == 0:
+                indices = range(f * n // fragments, (f + 1) * n // fragments)
+                pending.append((step + overlap, f, {i: _averaged(synced[i], [p[i] for p in params], dtype, comm_dtype)
+                                                    for i in indices}))
+        with torch.no_grad():
+            for _, _, averaged in [p for p in pending if p[0] == step]:
+                for i, d in averaged.items():
+                    if momentum:  # torch.optim.SGD's Nesterov, op for op: b = d first, then b = mu b + d
+                        momenta[i] = d.clone() if momenta[i] is None else momenta[i].mul_(momentum).add_(d)
+                        d = d.add(momenta[i], alpha=momentum)
+                    synced[i].add_(d, alpha=-outer_lr)
+                    for rank in range(WORLD_SIZE):  # the worker restarts from the synced copy, or merges
+                        merged = synced[i] if not alpha else alpha * params[rank][i] + (1 - alpha) * synced[i]
+                        params[rank][i].copy_(merged)
+            pending = [p for p in pending if p[0] != step]
+    return params
+
+
+def _averaged(synced, worker_params, dtype, comm_dtype) -> torch.Tensor:
+    """The mean over the workers of ``synced - theta_worker``, summed in ``comm_dtype`` if given."""
+    with torch.no_grad():
+        deltas = [synced - p for p in worker_params]
+        if comm_dtype is None:
+            total = deltas[0] + deltas[1]
+        else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
+            total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
+        return total.to(dtype) / WORLD_SIZE
+
+
+def _adamw(params, lr=1e-2):
+    return gradwise.AdamW(params, lr=lr, weight_decay=0.1)
+
+
+def _torch_adamw(params, lr=1e-2):
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1)
+
+
+# --------------------------------------------------------------------------- the cases, inside each rank
+def _case_data_parallel(rank: int) -> None:
+    inners = {"gradwise SGD momentum": lambda ps: gradwise.SGD(ps, lr=0.5, momentum=0.5),
+              "torch SGD Nesterov": lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.5, nesterov=True)}
+    for name, build in inners.items():
+        for kind, make, backward, steps in (("exact", _Quadratic, _quadratic_backward, 6),
+                                            ("mlp", _mlp, _backward, 20)):
+            label = f"{name}, {kind}"
+            model, replica = make(), make()
+            initial = [p.detach().clone() for p in model.parameters()]
+            diloco = gradwise.DiLoCo(build(model.parameters()), outer=torch.optim.SGD, outer_lr=1.0, sync_every=1)
+            replica_optimizer = build(replica.parameters())
+            _train(diloco, model, backward, range(steps), rank)
+            for step in range(steps):
+                _data_parallel_backward(backward, replica, step, rank)
+                replica_optimizer.step()
+                replica_optimizer.zero_grad()
+            _assert_moved(label, model, initial)
+            if kind == "exact":
+                _assert_equal(f"{label}: DiLoCo H=1 vs data-parallel", model, replica)
+            else:
+                for p, q in zip(model.parameters(), replica.parameters()):
+                    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{label}: {m}")
+
+
+def _against_simulation(label, diloco_of, reference, dtype, steps, rank, exact, **kwargs) -> None:
+    model = _mlp(dtype)
+    initial = [p.detach().clone() for p in model.parameters()]
+    diloco = diloco_of(model)
+    _train(diloco, model, _backward, range(steps), rank)
+    expected = _simulate(reference, dtype, steps, diloco.sync_every, diloco.outer_lr, **kwargs)[rank]
+    _assert_moved(label, model, initial)
+    for p, q in zip(model.parameters(), expected, strict=True):
+        if exact:
+            assert torch.equal(p, q), f"{label}: max abs diff {(p - q).abs().max().item():.3g}"
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=lambda m: f"{label}: {m}")
+
+
+def _case_simulation(rank: int) -> None:
+    f64 = torch.float64
+    # gradwise AdamW inside, the paper's outer Nesterov (0.9, lr 0.7) by default, H = 3
+    _against_simulation("gradwise AdamW, default outer", lambda m: gradwise.DiLoCo(_adamw(m.parameters()),
+                        sync_every=3), _torch_adamw, f64, 21, rank, exact=False, momentum=0.9)
+    # a torch inner optimizer, a gradwise outer one
+    outer = functools.partial(gradwise.SGD, momentum=0.9, nesterov=True)
+    _against_simulation("torch Adam, gradwise SGD outer", lambda m: gradwise.DiLoCo(
+        torch.optim.Adam(m.parameters(), lr=1e-2), outer=outer, outer_lr=0.5, sync_every=4),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2), f64, 20, rank, exact=False, momentum=0.9)
+    # Streaming DiLoCo: two fragments, synced at staggered steps
+    _against_simulation("two fragments", lambda m: gradwise.DiLoCo(_adamw(m.parameters()), sync_every=4,
+                        fragments=2), _torch_adamw, f64, 22, rank, exact=False, momentum=0.9, fragments=2)
+    # overlapped: the all-reduce runs behind two inner steps, then the workers merge half and half; and
+    # behind one step, two fragments, the workers replaced
+    _against_simulation("overlap 2, merge 0.5", lambda m: gradwise.DiLoCo(_adamw(m.parameters()), sync_every=4,
+                        overlap=2, merge_alpha=0.5), _torch_adamw, f64, 22, rank, exact=False, momentum=0.9,
+                        overlap=2, alpha=0.5)
+    _against_simulation("overlap 1, two fragments", lambda m: gradwise.DiLoCo(
+        _adamw(m.parameters()), sync_every=4, fragments=2, overlap=1), _torch_adamw, f64, 21, rank, exact=False,
+        momentum=0.9, fragments=2, overlap=1)
+    # bfloat16 pseudo-gradients, float32 parameters: bit for bit (the same inner optimizer simulated)
+    _against_simulation("bfloat16 pseudo-gradients", lambda m: gradwise.DiLoCo(
+        _adamw(m.parameters()), sync_every=2, pseudo_gradient_dtype=torch.bfloat16), _adamw, torch.float32, 20,
+        rank, exact=True, momentum=0.9, comm_dtype=torch.bfloat16)
+
+
+def _case_resume(rank: int) -> None:
+    for label, kwargs in (("plain", {}), ("bfloat16, two fragments", {"pseudo_gradient_dtype": torch.bfloat16,
+                                                                       "fragments": 2}),
+                          ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25})):
+        model = _mlp()
+        diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
+        _train(diloco, model, _backward, range(4), rank)  # one step into the second phase
+        assert bool(diloco.pending) == ("overlap" in kwargs), label
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "diloco": diloco.state_dict()}, buffer)
+        copied_model, copied = copy.deepcopy((model, diloco))
+        saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        resumed_model = _mlp()
+        resumed_model.load_state_dict(saved["model"])
+        resumed = gradwise.DiLoCo(_adamw(resumed_model.parameters()), sync_every=3, **kwargs)
+        resumed.load_state_dict(saved["diloco"])
+        for m, d in ((model, diloco), (copied_model, copied), (resumed_model, resumed)):
+            _train(d, m, _backward, range(4, 11), rank)
+        _assert_equal(f"{label}: resumed from state_dict vs uninterrupted", resumed_model, model)
+        _assert_equal(f"{label}: deepcopy vs original", copied_model, model)
+        assert resumed.comm_stats == diloco.comm_stats == copied.comm_stats, label
+        assert diloco.comm_stats["collectives"] > 0, label
+
+
+def _case_bytes(rank: int) -> None:
+    # Linear(6, 8) and Linear(8, 3): 48 + 8 + 24 + 3 = 83 float32 elements, 332 bytes per sync
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3)
+    _train(diloco, model, _backward, range(7), rank)  # syncs after steps 3 and 6
+    assert diloco.comm_stats == {"collectives": 2, "bytes_sent": 664, "all_reduce_bytes": 664, "steps": 7,
+                                 "bytes_sent_per_step": 664 / 7}, diloco.comm_stats
+    # in bfloat16: 166 bytes per sync
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, pseudo_gradient_dtype=torch.bfloat16)
+    _train(diloco, model, _backward, range(6), rank)
+    assert diloco.comm_stats["bytes_sent"] == 332 and diloco.comm_stats["collectives"] == 2, diloco.comm_stats
+    # two fragments, H = 4: the first (weight 48 + bias 8 = 56 elements) syncs after steps 4 and 8, the second
+    # (24 + 3 = 27) after steps 2 and 6; plus a float64 parameter of 5 elements in the second, its own all-reduce
+    model = _mlp()
+    extra = torch.nn.Parameter(torch.ones(5, dtype=torch.float64))
+    diloco = gradwise.DiLoCo(_adamw([*model.parameters(), extra]), sync_every=4, fragments=2)
+    for step in range(8):
+        _loss(model, step, rank).backward()
+        extra.grad = torch.full_like(extra, float(rank + 1))
+        diloco.step()
+        diloco.zero_grad()
+    first, second = 2 * 56 * 4, 2 * (27 * 4 + 5 * 8)
+    assert diloco.comm_stats == {"collectives": 6, "bytes_sent": first + second, "all_reduce_bytes": first + second,
+                                 "steps": 8, "bytes_sent_per_step": (first + second) / 8}, diloco.comm_stats
+
+
+CASES = {"data-parallel": _case_data_parallel, "simulation": _case_simulation, "resume": _case_resume,
+         "bytes": _case_bytes}
+
+
+def _worker(rank: int, world_size: int, directory: str) -> None:
+    """Every case in the same order on every rank, each outcome recorded; then rank 1 raises mid-step."""
+    outcomes = {}
+    for name, case in CASES.items():
+        try:
+            case(rank)
+            outcomes[name] = "ok"
+        except Exception as error:
+            labelled(error, rank, name)
+            outcomes[name] = "".join(traceback.format_exception(error))
+        dist.barrier()
+    with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
+        json.dump(outcomes, f)
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=1)
+    _backward(model, 0, rank)
+    if rank == 1:
+        with open(os.path.join(directory, "raised_at"), "w") as f:
+            f.write(repr(time.time()))
+        raise RuntimeError("worker 1 fails on purpose before its sync")
+    diloco.step()  # waits in the all-reduce for worker 1, which never comes
+    with open(os.path.join(directory, "rank0_went_on"), "w") as f:
+        f.write("the all-reduce returned without worker 1")
+
+
+# --------------------------------------------------------------------------- the tests
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    """Each rank's outcome of every case, and how the failing worker ended the spawn."""
+    directory = tmp_path_factory.mktemp("diloco")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        spawn(_worker, WORLD_SIZE, str(directory))
+    returned = time.time()
+    ranks = []
+    for rank in range(WORLD_SIZE):
+        with open(directory / f"rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    raised_at = float((directory / "raised_at").read_text())
+    return {"ranks": ranks, "failure": str(failed.value), "stopped_after_s": returned - raised_at,
+            "rank0_went_on": (directory / "rank0_went_on").exists()}
+
+
+@needs_gloo
+@pytest.mark.parametrize("case", list(CASES))
+def test_on_two_gloo_ranks(outcomes, case):
+    failures = [f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes["ranks"]) if o[case] != "ok"]
+    assert not failures, "\n".join(failures)
+
+
+@needs_gloo
+def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
+    failure = outcomes["failure"]
+    # whichever rank the harness hears from first: worker 1's error, or worker 0's all-reduce failing on it
+    # (worker 1's process group closes as its error unwinds)
+    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "diloco.py" in failure
+                                                      and "in step" in failure), failure
+    assert not outcomes["rank0_went_on"]
+    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
+
+
+# --------------------------------------------------------------------------- one process, no spawn
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"sync_every": 0}, r"sync_every=0: expected an int >= 1"),
+    ({"sync_every": 2.0}, r"sync_every=2.0"),
+    ({"sync_every": True}, r"sync_every=True"),
+    ({"outer_lr": 0.0}, r"outer_lr=0.0: expected a finite number > 0"),
+    ({"outer_lr": -0.7}, r"outer_lr=-0.7"),
+    ({"outer_lr": math.nan}, r"outer_lr=nan"),
+    ({"outer_lr": math.inf}, r"outer_lr=inf"),
+    ({"fragments": 0}, r"fragments=0: expected an int from 1 to the number of parameters \(4\)"),
+    ({"fragments": 5}, r"fragments=5"),
+    ({"pseudo_gradient_dtype": torch.int8}, r"pseudo_gradient_dtype=torch.int8"),
+    ({"outer": "sgd"}, r"outer='sgd': expected an optimizer class or a factory"),
+    ({"outer": lambda params, lr: params}, r"returned a list, not a torch.optim.Optimizer"),
+    ({"overlap": 2, "sync_every": 2}, r"overlap=2: expected an int from 0 to sync_every - 1 \(1\)"),
+    ({"overlap": -1}, r"overlap=-1"),
+    ({"merge_alpha": 1.5}, r"merge_alpha=1.5: expected a number from 0 to 1"),
+    ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, match):
+    model = _mlp()
+    with pytest.raises((TypeError, ValueError), match=match):
+        gradwise.DiLoCo(_adamw(model.parameters()), **kwargs)
+
+
+def test_an_inner_optimizer_that_is_not_an_optimizer_is_refused():
+    with pytest.raises(TypeError, match=r"invalid inner, a Sequential: expected a torch.optim.Optimizer"):
+        gradwise.DiLoCo(_mlp())
+
+
+def test_a_state_of_another_configuration_is_refused_before_anything_changes():
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2)
+    _train(diloco, model, _backward, range(3), 0)
+    other = _mlp()
+    saved = gradwise.DiLoCo(_adamw(other.parameters()), sync_every=3).state_dict()
+    before = copy.deepcopy(diloco.state_dict())
+    with pytest.raises(ValueError, match=r"sync_every=3, this DiLoCo sync_every=2"):
+        diloco.load_state_dict(saved)
+    after = diloco.state_dict()
+    assert after["local_step"] == before["local_step"] == 3
+    assert all(torch.equal(a, b) for a, b in zip(after["synced"], before["synced"]))
+    assert _same(after["inner"], before["inner"]) and _same(after["outer"], before["outer"])
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def test_one_worker_without_torch_distributed_sends_nothing_and_syncs():
+    """Without a process group, one worker: each sync is the outer step on its own pseudo-gradient."""
+    model, alone = _mlp(torch.float64), _mlp(torch.float64)
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    _train(diloco, model, _backward, range(2), 0)
+    inner = _adamw(alone.parameters())
+    for step in range(2):
+        _backward(alone, step, 0)
+        inner.step()
+        inner.zero_grad()
+    assert diloco.comm_stats["bytes_sent"] == 0 and diloco.comm_stats["steps"] == 2
+    for p, s, x0, x in zip(model.parameters(), diloco.synced, before, alone.parameters()):
+        assert torch.equal(p, s)  # the worker restarts from the synced copy
+        # Nesterov's first step: b = d, theta <- theta - lr (d + 0.9 d), d = theta at the sync - theta now
+        torch.testing.assert_close(p, x0 - 0.7 * 1.9 * (x0 - x), rtol=1e-12, atol=1e-14)
+        assert (p - x0).abs().max() > MOVED
+
+
+def test_a_refused_inner_step_changes_nothing():
+    """The inner step raises (here its closure): no step is counted, nothing syncs, nothing moves."""
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=1)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def closure():
+        raise RuntimeError("the loss could not be computed")
+
+    with pytest.raises(RuntimeError, match="could not be computed"):
+        diloco.step(closure)
+    assert diloco.local_step == 0 and diloco.comm_stats["steps"] == 0
+    assert all(torch.equal(p, b) and torch.equal(s, b) for p, s, b in zip(model.parameters(), diloco.synced, before))
+    assert not diloco.inner.state and all(not o.state for o in diloco.outer)
