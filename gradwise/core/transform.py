@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper
 
 
@@ -176,6 +177,13 @@ class Transform:
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 
+    def apply(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
+        """As the last link of a chain's last phase: ``p <- p + update(u)``, written into the parameters
+        (``ctx.params``). The default adds ``update``'s result; a link may write it in an op order of its
+        own (AdamW's, torch.optim's: ``transforms/adam.py``). Parameters written with stochastic rounding
+        get ``update``'s result added instead (``core/executor.py``)."""
+        lists.add_(ctx.params, self.update(updates, state, ctx))
+
     def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
         """Move one parameter between its training point and its evaluation point.
 
@@ -208,8 +216,9 @@ class Transform:
         raise NotImplementedError
 
     def fuse(self, other: "Transform") -> "Transform | None":
-        """This stateless link and the stateless ``other`` right after it as one link computing both
-        (fewer passes), or None. The engine fuses where it can (``core/phases.py``); the default: None."""
+        """This link and the stateless ``other`` right after it as one link computing both, under this
+        link's namespace (fewer passes), or None. The engine fuses where it can (``core/phases.py``);
+        the default: None."""
         return None
 
     def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
