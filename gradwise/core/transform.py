@@ -67,6 +67,15 @@ class Context:
             return self.reduced[name]
         return self.hyper[name]
 
+    def but(self, **changes: Any) -> "Context":
+        """A copy with ``changes`` (``dataclasses.replace`` without its per-call field walk, which a step
+        pays once per link and bucket); ``replace`` itself where torch.compile traces it."""
+        if torch.compiler.is_compiling():
+            return replace(self, **changes)
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__, **changes)
+        return copy
+
     def active(self, name: str) -> bool:
         """False when the ``zero_is_identity`` hyperparameter ``name`` is 0 for this group."""
         return self.static[f"{name}!=0"]
@@ -378,7 +387,7 @@ def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: 
               ctx: Context) -> list[Tensor]:
     """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars (only
     the last may write into ``ctx.out``)."""
-    inner = replace(ctx, out=None) if ctx.out is not None else ctx
+    inner = ctx.but(out=None) if ctx.out is not None else ctx
     for i, (namespace, t) in enumerate(links):
         updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx if i == len(links) - 1
                                                                                   else inner))
@@ -387,7 +396,7 @@ def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: 
 
 def scoped(namespace: str, ctx: Context) -> Context:
     """``ctx`` as the link under ``namespace`` sees it: its own scalars, under their own names."""
-    return replace(ctx, scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
+    return ctx.but(scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
 
 
 def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:
