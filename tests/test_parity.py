@@ -132,3 +132,22 @@ def test_eager_pieces_match_reference(case: Case):
     ours = run_bag(lambda p: case.ours(p, compile=False), _clone(params), torch.float64, 5)
     theirs = run_bag(case.theirs, _clone(params), torch.float64, 5, reference=True)
     assert_trajectories_close(ours, theirs, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name, options", [("AdamW", {}), ("AdamW", {"amsgrad": True}), ("AdamW", {"maximize": True}),
+                                           ("AdamW", {"weight_decay": 0.0}), ("Adam", {})], ids=str)
+def test_adam_eagerly_has_torchs_bits(name, options, dtype):
+    """Eagerly, AdamW and Adam without L2 decay run torch.optim's ops in its order (``transforms/adam.py``):
+    its bits at every step, on its for-loop path and its foreach path alike, in one piece or in several."""
+    import gradwise
+    from gradwise.core.eager import EAGER_CHUNK
+
+    gen = torch.Generator().manual_seed(6)
+    params = bag_of_tensors(dtype) + [torch.randn(EAGER_CHUNK + 7, generator=gen, dtype=dtype).requires_grad_()]
+    kwargs = dict(lr=0.01, betas=(0.8, 0.99), **options)
+    ours = run_bag(lambda p: getattr(gradwise, name)(p, compile=False, **kwargs), _clone(params), dtype, 20)
+    for foreach in (False, True):
+        theirs = run_bag(lambda p: getattr(torch.optim, name)(p, foreach=foreach, **kwargs), _clone(params), dtype, 20)
+        for step, (a, b) in enumerate(zip(ours, theirs)):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), f"foreach={foreach}, step {step}"

@@ -4,7 +4,7 @@
 (``state_check.check_hyperparameters``); every change must still be refused before any write: a list
 changed in place, a value of another type that compares equal (0 == False), a tensor changed in place,
 a group replaced. The eager link math runs as foreach kernels over lists (``core/lists.py``), which must
-give the bits of the per-tensor loops they replaced.
+give the bits of one op per tensor in the same order (AdamW's: torch.optim's).
 """
 from __future__ import annotations
 
@@ -82,24 +82,23 @@ def test_a_loaded_checkpoint_is_checked_at_the_next_step():
 
 
 def _adamw_by_tensor(params, grads, states, lr, betas, eps, wd, step, amsgrad, maximize):
-    """The eager AdamW step as one op per tensor, in the order of the chain's formulas (the loops
-    ``core/lists.py`` replaced): the reference the foreach kernels must match bit for bit."""
+    """The eager AdamW step as one op per tensor, in torch.optim.AdamW's order (its for-loop path, which
+    ``transforms/adam.py`` follows): the reference the foreach kernels must match bit for bit."""
     b1, b2 = betas
     dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
     value = {k: torch.tensor(v, dtype=dtype) for k, v in dict(
-        c1=1 - b1, b2=b2, c2=1 - b2, eps=eps, wd=wd, lr=lr, inv_bias1=1 / (1 - b1**step),
-        inv_bias2_sqrt=1 / math.sqrt(1 - b2**step)).items()}
+        c1=1 - b1, b2=b2, c2=1 - b2, eps=eps, decay=1 - lr * wd, step_size=-lr / (1 - b1**step),
+        bias2_sqrt=math.sqrt(1 - b2**step)).items()}
     for p, g, st in zip(params, grads, states):
         u = (-g if maximize else g).to(torch.float32 if p.dtype == torch.bfloat16 else p.dtype)
         m, v = st["adam.exp_avg"], st["adam.exp_avg_sq"]
+        p.mul_(value["decay"])
         m.lerp_(u, value["c1"])
-        v.mul_(value["b2"]).add_(u * u * value["c2"])
+        v.mul_(value["b2"]).addcmul_(u, u, value=value["c2"].item())
         if amsgrad:
             st["adam.max_exp_avg_sq"].copy_(torch.maximum(st["adam.max_exp_avg_sq"], v))
             v = st["adam.max_exp_avg_sq"]
-        u = m * value["inv_bias1"] / (v.sqrt() * value["inv_bias2_sqrt"] + value["eps"])
-        u = u + p * value["wd"]
-        p.add_(u * -value["lr"])
+        p.addcdiv_(m, (v.sqrt() / value["bias2_sqrt"]).add_(value["eps"]), value=value["step_size"].item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -60,12 +60,50 @@ def add_(xs: list[Tensor], y: Operand) -> None:
         x.add_(b)
 
 
-def div_(xs: list[Tensor], ys: list[Tensor]) -> None:
-    """``x.div_(y)`` for each pair."""
+def addcmul_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
+    """``x.addcmul_(y, z, value=value)`` for each x (``value`` a 0-d tensor): ``x + value y z``, torch.optim
+    Adam's second-moment update."""
+    _pointwise_(torch._foreach_addcmul_, torch.Tensor.addcmul_, xs, ys, zs, value)
+
+
+def addcdiv_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
+    """``x.addcdiv_(y, z, value=value)`` for each x (``value`` a 0-d tensor): ``x + value y / z``, torch.optim
+    Adam's parameter update."""
+    _pointwise_(torch._foreach_addcdiv_, torch.Tensor.addcdiv_, xs, ys, zs, value)
+
+
+def _pointwise_(foreach, op, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
+    """``op(x, y, z, value=value)`` for each x. Eagerly with ``value`` on the CPU, torch's op with ``value``
+    as a number (reading it syncs nothing); else ``op(x, y * value, z)``, the same bits (torch computes
+    ``value * y`` first; torch.optim's own path for a tensor beta2)."""
+    if value.device.type == "cpu" and not torch.compiler.is_compiling():
+        number = value.item()
+        if len(xs) > 1:
+            foreach(xs, ys, zs, number)
+            return
+        for x, y, z in zip(xs, ys, zs):
+            op(x, y, z, value=number)
+        return
+    if _foreach(xs):
+        foreach(xs, torch._foreach_mul(ys, value), zs)
+        return
+    for x, y, z in zip(xs, ys, zs):
+        op(x, y * value, z)
+
+
+def div(xs: list[Tensor], ys: Operand) -> list[Tensor]:
+    """``[x / y]``."""
+    if _foreach(xs):
+        return torch._foreach_div(xs, ys)
+    return [x / y for x, y in zip(xs, _each(ys, len(xs)))]
+
+
+def div_(xs: list[Tensor], ys: Operand) -> None:
+    """``x.div_(y)`` for each x (``y`` a list, a number or a 0-d tensor)."""
     if _foreach(xs):
         torch._foreach_div_(xs, ys)
         return
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, _each(ys, len(xs))):
         x.div_(y)
 
 

@@ -33,6 +33,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.transform import Chain, Context, Transform, run_links, scoped, strip_namespace
 
 
@@ -66,6 +67,15 @@ class Phase(Transform):
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         return run_links(self._links, updates, state, ctx)
+
+    def apply(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
+        """The last phase: ``p <- p + phase(u)``, its last link writing the parameters (``Transform.apply``)."""
+        if not self._links:
+            lists.add_(ctx.params, updates)
+            return
+        namespace, t = self._links[-1]
+        t.apply(run_links(self._links[:-1], updates, state, ctx), strip_namespace(namespace, state),
+                scoped(namespace, ctx))
 
     def partials(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> dict[str, Tensor]:
         """The next phase's first link on this phase's output: its ``prepare``, and its parts of its

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.hashing import seed
@@ -127,8 +128,7 @@ class PhasedStep(ShardedStep):
                 if id(p) in fresh:
                     self.state.pop(p, None)
             raise
-        for st in states:
-            st["step"] += 1
+        lists.add_([st["step"] for st in states], 1)  # one foreach kernel (torch.optim's), not a call per counter
         out = []
         for step, members in by_step.items():
             scalars = scalars_of[step]
@@ -165,7 +165,7 @@ class PhasedStep(ShardedStep):
                                        [states[i] for i in encoded], [self._position(bucket.key(i)) for i in encoded],
                                        values, layout, static, compiled=runner is not None, fall_back=self._fall_back,
                                        outputs=None if outputs is None else [outputs[i] for i in encoded])
-        plain = [i for i in range(len(params)) if i not in set(encoded)]
+        plain = [i for i in range(len(params)) if i not in set(encoded)] if encoded else list(range(len(params)))
         seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]

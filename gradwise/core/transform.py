@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper
 
 
@@ -65,6 +66,15 @@ class Context:
         if name in self.reduced:
             return self.reduced[name]
         return self.hyper[name]
+
+    def but(self, **changes: Any) -> "Context":
+        """A copy with ``changes`` (``dataclasses.replace`` without its per-call field walk, which a step
+        pays once per link and bucket); ``replace`` itself where torch.compile traces it."""
+        if torch.compiler.is_compiling():
+            return replace(self, **changes)
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__, **changes)
+        return copy
 
     def active(self, name: str) -> bool:
         """False when the ``zero_is_identity`` hyperparameter ``name`` is 0 for this group."""
@@ -176,6 +186,13 @@ class Transform:
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 
+    def apply(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
+        """As the last link of a chain's last phase: ``p <- p + update(u)``, written into the parameters
+        (``ctx.params``). The default adds ``update``'s result; a link may write it in an op order of its
+        own (AdamW's, torch.optim's: ``transforms/adam.py``). Parameters written with stochastic rounding
+        get ``update``'s result added instead (``core/executor.py``)."""
+        lists.add_(ctx.params, self.update(updates, state, ctx))
+
     def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
         """Move one parameter between its training point and its evaluation point.
 
@@ -208,8 +225,9 @@ class Transform:
         raise NotImplementedError
 
     def fuse(self, other: "Transform") -> "Transform | None":
-        """This stateless link and the stateless ``other`` right after it as one link computing both
-        (fewer passes), or None. The engine fuses where it can (``core/phases.py``); the default: None."""
+        """This link and the stateless ``other`` right after it as one link computing both, under this
+        link's namespace (fewer passes), or None. The engine fuses where it can (``core/phases.py``);
+        the default: None."""
         return None
 
     def prepare(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
@@ -369,7 +387,7 @@ def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: 
               ctx: Context) -> list[Tensor]:
     """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars (only
     the last may write into ``ctx.out``)."""
-    inner = replace(ctx, out=None) if ctx.out is not None else ctx
+    inner = ctx.but(out=None) if ctx.out is not None else ctx
     for i, (namespace, t) in enumerate(links):
         updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx if i == len(links) - 1
                                                                                   else inner))
@@ -378,7 +396,7 @@ def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: 
 
 def scoped(namespace: str, ctx: Context) -> Context:
     """``ctx`` as the link under ``namespace`` sees it: its own scalars, under their own names."""
-    return replace(ctx, scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
+    return ctx.but(scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
 
 
 def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:

@@ -9,6 +9,8 @@ from torch import Tensor
 from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.learning_rate import scale_by_learning_rate
+from gradwise.transforms.weight_decay import add_decayed_weights
 
 
 class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -19,8 +21,9 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
     u <- (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps)
     amsgrad:  v_max <- max(v_max, v), and v_max takes v's place in u.
 
-    The bias corrections enter as reciprocals computed once per step, so the fused loop holds one
-    square root and one division per element; 1 - b1 and 1 - b2 are computed in double precision,
+    The moments and the denominator sqrt(v) / sqrt(1-b2^t) + eps are computed with torch.optim.Adam's
+    ops in its order (lerp_, mul_, addcmul_, sqrt, div_, add_), so exp_avg and exp_avg_sq hold
+    torch's bits for the same updates; 1 - b1, 1 - b2 and sqrt(1-b2^t) are computed in double precision,
     as torch does (in float32, 1 - 0.999 is 1.3e-5 off). ``amsgrad`` is a param-group entry, as in
     torch; ``max_exp_avg_sq`` is kept for the groups that set it (their ``for_group`` is this transform,
     the others' a copy without that buffer).
@@ -46,26 +49,42 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         b1, b2 = map(float, hyper["betas"])
-        return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2,
-                "inv_bias1": 1 / (1 - b1**step), "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
+        out = {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2,
+               "inv_bias1": 1 / (1 - b1**step), "bias2_sqrt": math.sqrt(1 - b2**step)}
+        if "lr" in hyper:  # for Adam's tail (``_fused_adam``), in double as torch.optim computes them
+            lr = float(hyper["lr"])
+            out.update(step_size=-lr / (1 - b1**step), decay=1 - lr * float(hyper.get("weight_decay", 0.0)))
+        return out
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        # one list op at a time (``core/lists.py``: foreach kernels eagerly), each as the formula writes it
+        m, denominators = self.moments(updates, state, ctx)
+        out = lists.div(m, denominators)
+        lists.mul_(out, ctx["inv_bias1"])
+        return out
+
+    def moments(self, updates: list[Tensor], state, ctx: Context) -> tuple[list[Tensor], list[Tensor]]:
+        """m and v stepped, and the denominators sqrt(v) / sqrt(1-b2^t) + eps: torch.optim.Adam's ops in its
+        order, one list op at a time (``core/lists.py``: foreach kernels eagerly)."""
         m, v = state["exp_avg"], state["exp_avg_sq"]
         lists.lerp_(m, updates, ctx["one_minus_beta1"])
         lists.mul_(v, ctx["betas"][1])
-        squares = lists.mul(updates, updates)
-        lists.mul_(squares, ctx["one_minus_beta2"])
-        lists.add_(v, squares)
+        lists.addcmul_(v, updates, updates, ctx["one_minus_beta2"])
         if "max_exp_avg_sq" in state:
             lists.maximum_(state["max_exp_avg_sq"], v)
             v = state["max_exp_avg_sq"]
         denominators = lists.sqrt(v)
-        lists.mul_(denominators, ctx["inv_bias2_sqrt"])
+        lists.div_(denominators, ctx["bias2_sqrt"])
         lists.add_(denominators, ctx["eps"])
-        out = lists.mul(m, ctx["inv_bias1"])
-        lists.div_(out, denominators)
-        return out
+        return m, denominators
+
+    def fuse(self, other: Transform) -> Transform | None:
+        """Followed by decoupled weight decay or the step size (Adam's and AdamW's chains): one link
+        (``_fused_adam``)."""
+        if type(other) is add_decayed_weights and not other.after_lr:
+            return _fused_adam(self, other, None)
+        if type(other) is scale_by_learning_rate:
+            return _fused_adam(self, None, other)
+        return None
 
 
 class _adam_without_max(scale_by_adam):  # noqa: N801
@@ -78,6 +97,48 @@ class _adam_without_max(scale_by_adam):  # noqa: N801
 
     def __repr__(self) -> str:
         return "scale_by_adam()"
+
+
+class _fused_adam(Transform):  # noqa: N801
+    """``scale_by_adam`` and the links after it of Adam's chain or AdamW's (``add_decayed_weights()``,
+    then ``scale_by_learning_rate``) as one link (``Transform.fuse``). Its ``update`` is theirs one after
+    the other, the same ops. Once it ends with the step size, as the chain's last link it writes the
+    parameters in torch.optim.Adam's op order, with its bits, in 8 list ops to the 12 of AdamW's chain
+    (``apply``):
+
+    p <- p (1 - lr wd) (AdamW);  m, v and d = sqrt(v) / sqrt(1-b2^t) + eps as in Adam;
+    p <- p - lr/(1-b1^t) m / d  (``addcdiv_``)
+    """
+
+    name = "adam"
+
+    def __init__(self, adam: scale_by_adam, decay: add_decayed_weights | None, lr: scale_by_learning_rate | None):
+        self.adam, self.decay, self.lr = adam, decay, lr
+        self.state, self.nonnegative = adam.state, adam.nonnegative
+
+    def fuse(self, other: Transform) -> Transform | None:
+        if self.lr is None and type(other) is scale_by_learning_rate:
+            return _fused_adam(self.adam, self.decay, other)
+        return None
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        updates = self.adam.update(updates, state, ctx)
+        for t in (self.decay, self.lr):
+            if t is not None:
+                updates = t.update(updates, {}, ctx)  # stateless, and they read no scalars of their own
+        return updates
+
+    def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
+        if self.lr is None:
+            super().apply(updates, state, ctx)
+            return
+        if self.decay is not None and ctx.active("weight_decay"):
+            lists.mul_(ctx.params, ctx["decay"])
+        m, denominators = self.adam.moments(updates, state, ctx)
+        lists.addcdiv_(ctx.params, m, denominators, ctx["step_size"])
+
+    def __repr__(self) -> str:
+        return "fused(" + ", ".join(repr(t) for t in (self.adam, self.decay, self.lr) if t is not None) + ")"
 
 
 class scale_by_nadam(Transform):  # noqa: N801
