@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps galore-torch==1.0 apollo-torch==1.0.3 transformers==5.24.0 huggingface_hub==2.4.0 bitsandbytes==0.50.2
 	touch $(STAMP)
 
+# the suite in parallel (pytest-xdist): TEST_WORKERS processes, one torch thread each (tests/conftest.py)
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/gradwise bench step --size 25m
