@@ -119,6 +119,14 @@ def test_bare_install_holds_no_benchmark(bare):
     assert int(_ok([str(bare.bin / "python"), "-c", NO_BENCHMARK], cwd=bare.work).stdout.split()[0]) > 50
 
 
+def test_bare_install_holds_the_package_data(bare):
+    """The committed workload targets and the example AlgoPerf submission's search space are in the wheel."""
+    probe = ("from importlib.resources import files; root = files('gradwise.arena'); "
+             "print((root / 'targets.json').is_file(), "
+             "(root / 'examples' / 'algoperf_adamw' / 'tuning_search_space.json').is_file())")
+    assert _ok([str(bare.bin / "python"), "-c", probe], cwd=bare.work).stdout.split() == ["True", "True"]
+
+
 def test_bare_bench_says_where_the_benchmarks_are(bare):
     proc = _run([str(bare.bin / "gradwise"), "bench", "step", "--size", "tiny"], cwd=bare.work)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
