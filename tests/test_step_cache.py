@@ -83,22 +83,28 @@ def test_a_loaded_checkpoint_is_checked_at_the_next_step():
 
 def _adamw_by_tensor(params, grads, states, lr, betas, eps, wd, step, amsgrad, maximize):
     """The eager AdamW step as one op per tensor, in torch.optim.AdamW's order (its for-loop path, which
-    ``transforms/adam.py`` follows): the reference the foreach kernels must match bit for bit."""
+    ``transforms/adam.py`` follows): the reference the foreach kernels must match bit for bit. A bfloat16
+    parameter gets its update computed in float32 and rounded once into it (the chain's links in turn)."""
     b1, b2 = betas
     dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
     value = {k: torch.tensor(v, dtype=dtype) for k, v in dict(
         c1=1 - b1, b2=b2, c2=1 - b2, eps=eps, decay=1 - lr * wd, step_size=-lr / (1 - b1**step),
-        bias2_sqrt=math.sqrt(1 - b2**step)).items()}
+        bias2_sqrt=math.sqrt(1 - b2**step), inv_bias1=1 / (1 - b1**step), wd=wd, lr=lr).items()}
     for p, g, st in zip(params, grads, states):
         u = (-g if maximize else g).to(torch.float32 if p.dtype == torch.bfloat16 else p.dtype)
         m, v = st["adam.exp_avg"], st["adam.exp_avg_sq"]
-        p.mul_(value["decay"])
+        if p.dtype != torch.bfloat16:
+            p.mul_(value["decay"])
         m.lerp_(u, value["c1"])
         v.mul_(value["b2"]).addcmul_(u, u, value=value["c2"].item())
         if amsgrad:
             st["adam.max_exp_avg_sq"].copy_(torch.maximum(st["adam.max_exp_avg_sq"], v))
             v = st["adam.max_exp_avg_sq"]
-        p.addcdiv_(m, (v.sqrt() / value["bias2_sqrt"]).add_(value["eps"]), value=value["step_size"].item())
+        d = (v.sqrt() / value["bias2_sqrt"]).add_(value["eps"])
+        if p.dtype == torch.bfloat16:
+            p.add_((p * value["wd"] + m / d * value["inv_bias1"]) * -value["lr"])
+        else:
+            p.addcdiv_(m, d, value=value["step_size"].item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core import lists
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
 from gradwise.core.transform import Context, state_dtype
@@ -98,7 +99,7 @@ def run_chain(
     negate = static["maximize"] and phase.reads_grads
     updates = [_as(-g if negate else g, state_dtype(p)) for p, g in zip(params, inputs)]
     ctx = Context(params, inputs, hyper, static, scalars, reduced, scratch)
-    if phase.last and rounding is None:
+    if phase.last and rounding is None and all(p.dtype == u.dtype for p, u in zip(params, updates)):
         phase.apply(updates, state, ctx)  # its links write the parameters (a last phase has no reducer)
         return {}
     updates = phase.update(updates, state, ctx)
@@ -109,6 +110,9 @@ def run_chain(
         elif outputs is not None:  # an empty phase (a reduction of the gradients) passes them on as they are
             for out, u in zip(outputs, updates):
                 out.copy_(u)
+        return parts
+    if rounding is None:  # parameters below the update's precision: the float32 update, rounded once
+        lists.add_(params, updates)
         return parts
     for i, (p, u) in enumerate(zip(params, updates)):
         add_stochastically(p, u, rounding[i, 0], rounding[i, 1])

@@ -189,8 +189,8 @@ class Transform:
     def apply(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> None:
         """As the last link of a chain's last phase: ``p <- p + update(u)``, written into the parameters
         (``ctx.params``). The default adds ``update``'s result; a link may write it in an op order of its
-        own (AdamW's, torch.optim's: ``transforms/adam.py``). Parameters written with stochastic rounding
-        get ``update``'s result added instead (``core/executor.py``)."""
+        own (AdamW's, torch.optim's: ``transforms/adam.py``). Parameters below the update's precision
+        (bfloat16, rounded once or stochastically) get ``update``'s result added instead (``core/executor.py``)."""
         lists.add_(ctx.params, self.update(updates, state, ctx))
 
     def set_mode(self, mode: str, param: Tensor, state: Mapping[str, Tensor], group: Mapping[str, Any]) -> None:
