@@ -85,3 +85,56 @@ def test_evaluation_is_not_counted_in_the_training_time():
         assert point["time"] - previous["time"] <= stamp[0] - wall_free + 1e-9, point
         assert point["cpu_time"] - previous["cpu_time"] <= stamp[2] - cpu_free + 1e-9, point
     assert record["train_time"] == curve[-1]["time"] and record["cpu_time"] == curve[-1]["cpu_time"]
+
+
+class KeptLstsq(LstsqIllConditioned):
+    """Keeps the trial's model, and a copy of its weights at each evaluation."""
+
+    eval_every = 2
+
+    def __init__(self):
+        super().__init__()
+        self.model, self.evaluated = None, []
+
+    def init_model(self, seed: int) -> nn.Module:
+        self.model = super().init_model(seed)
+        return self.model
+
+    def evaluate(self, model):
+        self.evaluated.append([p.detach().clone() for p in model.parameters()])
+        return super().evaluate(model)
+
+
+@pytest.mark.parametrize("optimizer, hyperparameters", [
+    ("ScheduleFreeAdamW", {"lr": 0.01, "warmup_factor": 0.0}),
+    ("AdamW", {"lr": 0.01}),
+])
+def test_evaluation_runs_at_the_optimizers_evaluation_point(optimizer, hyperparameters):
+    """Schedule-Free takes gradients at y and is evaluated at x: the runner evaluates in eval mode and trains on
+    in train mode. The same 4 steps replayed by hand, with the trial's switches after steps 2 and 4, give the
+    weights each evaluation saw, and the trial ends at its last evaluation's point. For Schedule-Free that
+    point is not the training weights; for AdamW the two points are the same weights."""
+    from gradwise.arena.submissions import build_optimizer
+
+    workload = KeptLstsq()
+    run_trial(workload, optimizer, hyperparameters, seed=0, target=float("-inf"), max_steps=4, max_runtime=60.0)
+    ended = [p.detach().clone() for p in workload.model.parameters()]
+    assert all(torch.equal(p, q) for p, q in zip(workload.evaluated[-1], ended))
+    model = workload.init_model(0)
+    opt, schedule = build_optimizer(optimizer, hyperparameters, model.parameters(), 4)
+    batches = workload.batches(workload.batch_size, 0)
+    for step in range(1, 5):
+        opt.train()
+        x, y = next(batches)
+        loss = workload.loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        schedule.step()
+        if step % 2 == 0:
+            training = [p.detach().clone() for p in model.parameters()]
+            opt.eval()
+            evaluated = workload.evaluated[step // 2 - 1]
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), evaluated)), step
+            moved = not all(torch.equal(p, q) for p, q in zip(evaluated, training))
+            assert moved == (optimizer == "ScheduleFreeAdamW")

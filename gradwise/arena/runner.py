@@ -1,11 +1,13 @@
 """One timed trial: train a workload with an optimizer until the target or the budget.
 
 The clock (AlgoPerf's ``accumulated_submission_time``) counts training only: drawing the batch, forward,
-backward, the optimizer step and the LR schedule. Evaluation runs untimed every ``eval_every`` steps (and at
-the end); the trial stops at the first evaluation that reaches the target, or when the training time or the
-step budget is spent, or when the loss is not finite. The record holds wall and CPU training time, steps to
-target, peak resident memory (and its growth over the trial's start, after the data are loaded), optimizer
-state bytes, the curve, the seed, and the machine (torch version, CPU model, threads, load average).
+backward, the optimizer step and the LR schedule, and the optimizer's switch to its evaluation point and back
+(Schedule-Free's ``eval()``/``train()``; AlgoPerf times ``prepare_for_eval``). Evaluation runs untimed every
+``eval_every`` steps (and at the end), in the optimizer's eval mode; the trial stops at the first evaluation
+that reaches the target, or when the training time or the step budget is spent, or when the loss is not finite.
+The record holds wall and CPU training time, steps to target, peak resident memory (and its growth over the
+trial's start, after the data are loaded), optimizer state bytes, the curve, the seed, and the machine (torch
+version, CPU model, threads, load average).
 
 Peak memory is per trial on Linux: writing ``5`` to ``/proc/self/clear_refs`` resets the process's high-water
 mark (VmHWM) before the trial, and VmHWM is read after it (``peak_rss_scope: "trial"``). Where that reset is
@@ -93,6 +95,20 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
                if isinstance(v, torch.Tensor))
 
 
+def has_modes(optimizer) -> bool:
+    """Whether the optimizer has a training and an evaluation point (``train()``/``eval()``: gradwise's
+    optimizers, schedulefree's): the runner evaluates in eval mode, switching on the clock, as AlgoPerf times
+    a submission's ``prepare_for_eval``. For all but Schedule-Free the switch moves nothing."""
+    return callable(getattr(optimizer, "eval", None)) and callable(getattr(optimizer, "train", None))
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall, CPU) seconds ``fn()`` took."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any], *, seed: int,
               target: float, max_steps: int, max_runtime: float, threads: int = 1,
               on_eval: Callable[[dict], None] | None = None) -> dict[str, Any]:
@@ -116,8 +132,11 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
     train_time = cpu_time = 0.0
     step, hit, diverged, train_loss = 0, False, False, math.nan
     model.train()
+    modes = has_modes(opt)
     while step < max_steps and train_time < max_runtime:
         wall0, cpu0 = time.perf_counter(), time.process_time()
+        if modes:
+            opt.train()  # back from the last evaluation's point (nothing to do on the first step)
         x, y = next(batches)
         loss = workload.loss(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -131,6 +150,8 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
         diverged = not math.isfinite(train_loss)
         last = diverged or step >= max_steps or train_time >= max_runtime
         if step % workload.eval_every == 0 or last:
+            wall, cpu = _timed(opt.eval) if modes else (0.0, 0.0)  # Schedule-Free: evaluate at x, not at y
+            train_time, cpu_time = train_time + wall, cpu_time + cpu
             point = {"step": step, "time": train_time, "cpu_time": cpu_time, "train_loss": train_loss,
                      **({} if diverged else workload.evaluate(model))}
             curve.append(point)
