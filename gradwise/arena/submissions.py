@@ -62,6 +62,9 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
              "warmup_factor": 0.05},
     "Muon": {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "adamw_lr": 3e-4, "adamw_betas": (0.9, 0.95),
              "adamw_weight_decay": 0.01, "warmup_factor": 0.05},
+    # Schedule-Free AdamW (Defazio et al. 2024, arXiv:2405.15682): schedulefree 1.4.1's defaults, and no LR
+    # schedule, which is the method's point; the runner evaluates it at x (its eval mode)
+    "ScheduleFreeAdamW": {"lr": 2.5e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, "schedule": "constant"},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
 }
