@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import Tensor
 
 from gradwise.core.transform import Context, Transform
+from gradwise.transforms.around import around
 
 
-class cautious(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+class cautious(around):  # noqa: N801 - transforms are named like functions (optax grammar)
     """``inner`` (any transform or chain: Adam's, Lion's, Muon's momentum and Newton-Schulz), then its
     output masked where its sign disagrees with its input u (the gradient, as the links before leave it):
 
@@ -25,24 +26,8 @@ class cautious(Transform):  # noqa: N801 - transforms are named like functions (
     elementwise = False
 
     def __init__(self, inner: Transform):
-        if not isinstance(inner, Transform):
-            raise TypeError(f"cautious(): inner={inner!r} must be a Transform, e.g. scale_by_adam()")
-        if inner.reductions or inner.prepares or inner.moves_point:
-            raise ValueError(f"cautious(): inner={inner!r} reads statistics of the whole step or moves the"
-                             " parameters; put those links before cautious(...), around the core only")
-        self.inner = inner
+        super().__init__(inner)
         self.hyper, self.state, self.nonnegative = inner.hyper, inner.state, inner.nonnegative
-        self.weights_like, self.batched, self.reads_params = inner.weights_like, inner.batched, inner.reads_params
-
-    def wrapped(self, group=None) -> list[tuple[str, Transform]]:
-        return [("", self.inner)]
-
-    def for_group(self, group) -> Transform:
-        inner = self.inner.for_group(group)
-        if inner is self.inner:
-            return self
-        cache = self.__dict__.setdefault("_resolved", {})
-        return cache.setdefault(id(inner), cautious(inner))
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         return self.inner.init(param, group)

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from gradwise.core.hyper import Hyper, non_negative, non_negative_int, positive_int, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.around import around
 
 #: the hyperparameters, with pytorch-optimizer 4.1.0's names and defaults
 SPAM_HYPER = {"update_proj_gap": Hyper(500, positive_int), "warmup_epoch": Hyper(50, non_negative_int),
@@ -27,7 +28,7 @@ def warmup_scale(step: int, gap: int, warmup: int) -> float:
     return 1.0 - 0.99 * (1.0 + math.cos(math.pi * (j + 1) / (warmup + 1))) / 2.0
 
 
-class spam(Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
+class spam(around):  # noqa: N801 - transforms are named like functions (optax grammar)
     """``inner`` (any transform or chain: Adam's moments, Lion's, Muon's momentum and Newton-Schulz) with
     SPAM's two changes, at step t (counted from 1) with T = ``update_proj_gap``, N = ``warmup_epoch``,
     theta = ``threshold``, A = ``grad_accu_steps``:
@@ -49,33 +50,17 @@ class spam(Transform):  # noqa: N801 - transforms are named like functions (opta
     name = "spam"
 
     def __init__(self, inner: Transform):
-        if not isinstance(inner, Transform):
-            raise TypeError(f"spam(): inner={inner!r} must be a Transform, e.g. scale_by_adam()")
-        if inner.reductions or inner.prepares or inner.moves_point:
-            raise ValueError(f"spam(): inner={inner!r} reads statistics of the whole step or moves the"
-                             " parameters; put those links before spam(...), around the core only")
+        super().__init__(inner)
         clash = sorted(set(inner.hyper) & (set(SPAM_HYPER) | {"spike_beta"}))
         if clash:
             raise ValueError(f"spam(): inner={inner!r} declares hyperparameter(s) {clash}, which spam() reads")
-        self.inner = inner
         found = [k for k in inner.nonnegative if k.rsplit(".", 1)[-1] == "exp_avg_sq"]
         self.second_moment = found[0] if found else OWN_SECOND_MOMENT
         own = () if found else (OWN_SECOND_MOMENT,)
         self.state, self.nonnegative = inner.state + own, inner.nonnegative + own
         self.resets = tuple(k for k in self.state if k not in inner.weights_like)
         self.hyper = {**inner.hyper, **SPAM_HYPER, **({"spike_beta": Hyper(0.999, unit_interval)} if own else {})}
-        self.weights_like, self.batched, self.reads_params = inner.weights_like, inner.batched, inner.reads_params
         self.elementwise = inner.elementwise
-
-    def wrapped(self, group=None) -> list[tuple[str, Transform]]:
-        return [("", self.inner)]
-
-    def for_group(self, group) -> Transform:
-        inner = self.inner.for_group(group)
-        if inner is self.inner:
-            return self
-        cache = self.__dict__.setdefault("_resolved", {})
-        return cache.setdefault(id(inner), spam(inner))
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         buffers = self.inner.init(param, group)
