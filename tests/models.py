@@ -45,3 +45,14 @@ def default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+def sin_loss(params, step: int) -> torch.Tensor:
+    """A float64 loss whose gradient depends on the parameters and the step: sum c sin(p) + 0.1 p^2, with
+    c drawn from a generator seeded by ``step``."""
+    gen = torch.Generator().manual_seed(step)
+    total = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        c = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+        total = total + (c * torch.sin(p)).sum() + 0.1 * (p * p).sum()
+    return total

@@ -7,20 +7,11 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import bag_of_tensors
+from tests.models import bag_of_tensors, sin_loss
 
 STEPS = 30
 ADAMW = dict(betas=(0.9, 0.95), weight_decay=0.1)
 LRS = (0.01, 0.02, 0.03)
-
-
-def _loss(params, step):
-    """sum c sin(p) + 0.1 p^2, with c drawn for the step."""
-    gen = torch.Generator().manual_seed(step)
-    total = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        total = total + (torch.randn(p.shape, generator=gen, dtype=p.dtype) * torch.sin(p)).sum() + 0.1 * (p * p).sum()
-    return total
 
 
 def _groups(params):
@@ -45,7 +36,7 @@ def reference(params, k, order, seed=0, steps=STEPS, block=2):
             for _ in range(k):
                 if t == steps:
                     return params
-                grads = torch.autograd.grad(_loss(params, t), leaves, allow_unused=True)
+                grads = torch.autograd.grad(sin_loss(params, t), leaves, allow_unused=True)
                 for p, g in zip(leaves, grads):
                     p.grad = g
                 adam.step()
@@ -58,7 +49,7 @@ def _ours(params, inner, start=0, stop=STEPS, **kwargs):
     optimizer = kwargs.pop("optimizer", None) or gradwise.BAdam(inner(_groups(params)), **kwargs)
     for step in range(start, stop):
         optimizer.zero_grad()
-        _loss(params, step).backward()
+        sin_loss(params, step).backward()
         optimizer.step()
         active = {id(p) for p in optimizer.blocks[optimizer.active]}
         assert {id(p) for p in optimizer.optimizer.state} <= active, "state is held for the active block only"
@@ -89,7 +80,7 @@ def test_badam_blocks_of_n_parameters_in_order_and_gradients_dropped_without_fre
     assert [len(b) for b in optimizer.blocks] == [3, 3]
     for step in range(STEPS):
         optimizer.zero_grad()
-        _loss(ours, step).backward()
+        sin_loss(ours, step).backward()
         optimizer.step()
         assert all(p.requires_grad for p in ours)
     for a, b in zip(ours, theirs):
@@ -117,7 +108,7 @@ def test_badam_shares_groups_with_its_optimizer_for_lr_schedulers():
     params = bag_of_tensors(torch.float64)
     optimizer = gradwise.BAdam(torch.optim.AdamW(_groups(params)), switch_every=2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    _loss(params, 0).backward()
+    sin_loss(params, 0).backward()
     optimizer.step()
     scheduler.step()
     assert [g["lr"] for g in optimizer.optimizer.param_groups] == [lr / 2 for lr in LRS]
@@ -140,7 +131,7 @@ def test_badam_refuses_a_stepped_optimizer_or_a_non_optimizer_and_new_groups():
     inner = torch.optim.AdamW(params)
     with pytest.raises(TypeError, match=r"invalid optimizer \(a list\): expected a torch.optim.Optimizer"):
         gradwise.BAdam(params)
-    _loss(params, 0).backward()
+    sin_loss(params, 0).backward()
     inner.step()
     with pytest.raises(ValueError, match="invalid optimizer: it has already stepped"):
         gradwise.BAdam(inner)

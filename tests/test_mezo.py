@@ -10,19 +10,9 @@ import torch
 
 import gradwise
 from gradwise.recipes.mezo import perturbation_seed
-from tests.models import bag_of_tensors, mlp, regression_batch
+from tests.models import bag_of_tensors, mlp, regression_batch, sin_loss
 
 STEPS = 25
-
-
-def _loss(params, step):
-    """A loss of the parameters that changes with the step: sum c sin(p) + 0.1 p^2."""
-    gen = torch.Generator().manual_seed(step)
-    total = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        c = torch.randn(p.shape, generator=gen, dtype=p.dtype)
-        total = total + (c * torch.sin(p)).sum() + 0.1 * (p * p).sum()
-    return total
 
 
 class ReferenceMeZO:
@@ -75,8 +65,8 @@ def test_mezo_matches_the_paper_step_by_step(kwargs):
     theirs = [p.detach().clone() for p in ours]
     optimizer, reference = gradwise.MeZO(ours, **kwargs), ReferenceMeZO(theirs, **kwargs)
     for step in range(STEPS):
-        optimizer.step(lambda: _loss(ours, step))
-        reference.step(lambda: _loss(theirs, step))
+        optimizer.step(lambda: sin_loss(ours, step))
+        reference.step(lambda: sin_loss(theirs, step))
         for i, (a, b) in enumerate(zip(ours, theirs)):
             torch.testing.assert_close(a.detach(), b, rtol=1e-12, atol=1e-12, msg=lambda m, i=i: f"{step}, {i}: {m}")
     assert not optimizer.state, "MeZO keeps no per-parameter state"
@@ -84,7 +74,7 @@ def test_mezo_matches_the_paper_step_by_step(kwargs):
     if kwargs.get("sparsity"):  # only the masked entries moved: the first step leaves the rest as they were
         start = bag_of_tensors(torch.float64)[3].detach()
         moved = gradwise.MeZO([p := start.clone().requires_grad_()], **kwargs)
-        moved.step(lambda: _loss([p], 0))
+        moved.step(lambda: sin_loss([p], 0))
         changed = (p.detach() != start).sum().item()
         assert 0 < changed <= math.ceil((1 - kwargs["sparsity"]) * start.numel()) + 10
         assert changed < start.numel() * (1 - kwargs["sparsity"] / 2)
@@ -103,7 +93,7 @@ def test_mezo_trains_a_small_model_from_forward_passes():
 
 def _run(optimizer, params, start, stop):
     for step in range(start, stop):
-        optimizer.step(lambda: _loss(params, step))
+        optimizer.step(lambda: sin_loss(params, step))
 
 
 def test_mezo_resumes_bit_identically_and_the_seed_decides_the_draws():
@@ -159,18 +149,18 @@ def test_mezo_refuses_a_step_without_closure_or_with_bad_groups_and_changes_noth
 
     def two_eps(optimizer, params):
         optimizer.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "eps": 1e-2})
-        optimizer.step(lambda: _loss(params, 0))
+        optimizer.step(lambda: sin_loss(params, 0))
     assert "invalid eps: the param groups hold [0.001, 0.01]" in _unchanged(two_eps)
 
     def scheduled_nan(optimizer, params):
         optimizer.param_groups[0]["lr"] = float("nan")
-        optimizer.step(lambda: _loss(params, 0))
+        optimizer.step(lambda: sin_loss(params, 0))
     assert "invalid param_groups[0]['lr']=nan" in _unchanged(scheduled_nan)
 
 
 def test_mezo_refuses_a_non_finite_loss_and_puts_the_parameters_back():
     def nan_loss(optimizer, params):
-        optimizer.step(lambda: _loss(params, 0) * float("nan"))
+        optimizer.step(lambda: sin_loss(params, 0) * float("nan"))
     assert "invalid loss=tensor(nan" in _unchanged(nan_loss, check_loss=True)
 
     def vector_loss(optimizer, params):

@@ -9,19 +9,10 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import bag_of_tensors
+from tests.models import bag_of_tensors, sin_loss
 
 STEPS = 25
 GAP = 7  # refreshes at steps 1, 8, 15, 22
-
-
-def _loss(params, step):
-    """sum c sin(p) + 0.1 p^2, with c drawn for the step."""
-    gen = torch.Generator().manual_seed(step)
-    total = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        total = total + (torch.randn(p.shape, generator=gen, dtype=p.dtype) * torch.sin(p)).sum() + 0.1 * (p * p).sum()
-    return total
 
 
 class Subspace:
@@ -100,10 +91,10 @@ def _compare(recipe, kind, kwargs, rank):
     references = [Reference(p, rank if i >= 2 else None, kind, kwargs) for i, p in enumerate(theirs)]
     for step in range(STEPS):
         optimizer.zero_grad()
-        _loss(ours, step).backward()
+        sin_loss(ours, step).backward()
         optimizer.step()
         leaves = [p.requires_grad_() for p in theirs]
-        grads = torch.autograd.grad(_loss(leaves, step), leaves)
+        grads = torch.autograd.grad(sin_loss(leaves, step), leaves)
         theirs = [p.detach() for p in leaves]
         with torch.no_grad():
             for r, p, g in zip(references, theirs, grads):
