@@ -8,11 +8,12 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   arithmetic is exact (a quadratic on small dyadic numbers: every sum and halving exact), to float32
   rounding on an MLP;
 * **simulation**: the workers simulated one after the other in this process, from the paper's rule written
-  out here (pseudo-gradient = synced copy minus the worker's parameters, averaged, then the outer Nesterov
+  out in ``tests/references/diloco.py`` (pseudo-gradient = synced copy minus the worker's parameters, averaged, then the outer Nesterov
   ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside against
   torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered fragments
   and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
-  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit;
+  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit; the outer step a
+  whole phase late, delayed and eager (Kale et al. 2025);
 * **resume**: ``state_dict`` mid-phase (once with a sync under way) through ``torch.save``, loaded into a
   new model and DiLoCo, and a ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically
   (the sent bytes too);
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 import gradwise
 from tests.distributed_harness import COLLECTIVE_TIMEOUT_S, labelled, needs_gloo, spawn
+from tests.references.diloco import simulate, simulate_stale
 
 WORLD_SIZE = 2
 #: how far a parameter must move, so that an equality is not vacuous
@@ -102,52 +104,6 @@ def _assert_equal(label: str, a, b) -> None:
         assert torch.equal(p, q), f"{label}: max abs diff {(p - q).abs().max().item():.3g}"
 
 
-# --------------------------------------------------------------------------- the paper's rule, simulated
-def _simulate(build_inner, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
-              fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0) -> list[list[torch.Tensor]]:
-    """Every worker in turn, in this process: each worker's parameters after ``steps`` inner steps of DiLoCo."""
-    models = [_mlp(dtype) for _ in range(WORLD_SIZE)]
-    inners = [build_inner(m.parameters()) for m in models]
-    params = [list(m.parameters()) for m in models]
-    n = len(params[0])
-    synced = [p.detach().clone() for p in params[0]]
-    momenta = [None] * n
-    pending = []  # (apply after this step, fragment, {parameter index: averaged pseudo-gradient})
-    for step in range(1, steps + 1):
-        for rank in range(WORLD_SIZE):
-            _backward(models[rank], step - 1, rank)
-            inners[rank].step()
-            inners[rank].zero_grad()
-        for f in range(fragments):
-            if (step + f * sync_every // fragments) % sync_every == 0:
-                indices = range(f * n // fragments, (f + 1) * n // fragments)
-                pending.append((step + overlap, f, {i: _averaged(synced[i], [p[i] for p in params], dtype, comm_dtype)
-                                                    for i in indices}))
-        with torch.no_grad():
-            for _, _, averaged in [p for p in pending if p[0] == step]:
-                for i, d in averaged.items():
-                    if momentum:  # torch.optim.SGD's Nesterov, op for op: b = d first, then b = mu b + d
-                        momenta[i] = d.clone() if momenta[i] is None else momenta[i].mul_(momentum).add_(d)
-                        d = d.add(momenta[i], alpha=momentum)
-                    synced[i].add_(d, alpha=-outer_lr)
-                    for rank in range(WORLD_SIZE):  # the worker restarts from the synced copy, or merges
-                        merged = synced[i] if not alpha else alpha * params[rank][i] + (1 - alpha) * synced[i]
-                        params[rank][i].copy_(merged)
-            pending = [p for p in pending if p[0] != step]
-    return params
-
-
-def _averaged(synced, worker_params, dtype, comm_dtype) -> torch.Tensor:
-    """The mean over the workers of ``synced - theta_worker``, summed in ``comm_dtype`` if given."""
-    with torch.no_grad():
-        deltas = [synced - p for p in worker_params]
-        if comm_dtype is None:
-            total = deltas[0] + deltas[1]
-        else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
-            total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
-        return total.to(dtype) / WORLD_SIZE
-
-
 def _adamw(params, lr=1e-2):
     return gradwise.AdamW(params, lr=lr, weight_decay=0.1)
 
@@ -186,13 +142,32 @@ def _against_simulation(label, diloco_of, reference, dtype, steps, rank, exact, 
     initial = [p.detach().clone() for p in model.parameters()]
     diloco = diloco_of(model)
     _train(diloco, model, _backward, range(steps), rank)
-    expected = _simulate(reference, dtype, steps, diloco.sync_every, diloco.outer_lr, **kwargs)[rank]
+    models = [_mlp(dtype) for _ in range(WORLD_SIZE)]
+    expected = simulate(models, [reference(m.parameters()) for m in models], _backward, dtype, steps,
+                        diloco.sync_every, diloco.outer_lr, **kwargs)[rank]
     _assert_moved(label, model, initial)
     for p, q in zip(model.parameters(), expected, strict=True):
         if exact:
             assert torch.equal(p, q), f"{label}: max abs diff {(p - q).abs().max().item():.3g}"
         else:
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=lambda m: f"{label}: {m}")
+
+
+def _against_stale(label: str, rank: int, eager: bool) -> None:
+    """``overlap=sync_every``: each phase's average applied at the next sync, delayed or eager."""
+    f64, steps, sync_every = torch.float64, 21, 3
+    model = _mlp(f64)
+    initial = [p.detach().clone() for p in model.parameters()]
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every, overlap=sync_every, eager=eager)
+    _train(diloco, model, _backward, range(steps), rank)
+    models = [_mlp(f64) for _ in range(WORLD_SIZE)]
+    expected = simulate_stale(models, [_torch_adamw(m.parameters()) for m in models], _backward, steps,
+                              sync_every, diloco.outer_lr, 0.9, eager)
+    _assert_moved(label, model, initial)
+    for p, q in zip(model.parameters(), expected[rank], strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=lambda m: f"{label}: {m}")
+    if eager:  # each worker's outer copy follows its own estimate
+        assert any((a - b).abs().max() > MOVED for a, b in zip(*expected)), f"{label}: the workers agree"
 
 
 def _case_simulation(rank: int) -> None:
@@ -216,6 +191,9 @@ def _case_simulation(rank: int) -> None:
     _against_simulation("overlap 1, two fragments", lambda m: gradwise.DiLoCo(
         _adamw(m.parameters()), sync_every=4, fragments=2, overlap=1), _torch_adamw, f64, 21, rank, exact=False,
         momentum=0.9, fragments=2, overlap=1)
+    # the all-reduce behind a whole phase: delayed outer gradients, and Kale et al.'s eager updates
+    _against_stale("overlap H, delayed", rank, eager=False)
+    _against_stale("overlap H, eager", rank, eager=True)
     # bfloat16 pseudo-gradients, float32 parameters: bit for bit (the same inner optimizer simulated)
     _against_simulation("bfloat16 pseudo-gradients", lambda m: gradwise.DiLoCo(
         _adamw(m.parameters()), sync_every=2, pseudo_gradient_dtype=torch.bfloat16), _adamw, torch.float32, 20,
@@ -225,7 +203,8 @@ def _case_simulation(rank: int) -> None:
 def _case_resume(rank: int) -> None:
     for label, kwargs in (("plain", {}), ("bfloat16, two fragments", {"pseudo_gradient_dtype": torch.bfloat16,
                                                                        "fragments": 2}),
-                          ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25})):
+                          ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25}),
+                          ("eager, saved with a sync under way", {"overlap": 3, "eager": True})):
         model = _mlp()
         diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
         _train(diloco, model, _backward, range(4), rank)  # one step into the second phase
@@ -351,7 +330,9 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"pseudo_gradient_dtype": torch.int8}, r"pseudo_gradient_dtype=torch.int8"),
     ({"outer": "sgd"}, r"outer='sgd': expected an optimizer class or a factory"),
     ({"outer": lambda params, lr: params}, r"returned a list, not a torch.optim.Optimizer"),
-    ({"overlap": 2, "sync_every": 2}, r"overlap=2: expected an int from 0 to sync_every - 1 \(1\)"),
+    ({"overlap": 3, "sync_every": 2}, r"overlap=3: expected an int from 0 to sync_every \(2\)"),
+    ({"eager": True, "sync_every": 4}, r"invalid eager=True with overlap=0: .* overlap=sync_every \(4\)"),
+    ({"eager": 1, "overlap": 4, "sync_every": 4}, r"invalid eager=1 with overlap=4"),
     ({"overlap": -1}, r"overlap=-1"),
     ({"merge_alpha": 1.5}, r"merge_alpha=1.5: expected a number from 0 to 1"),
     ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
@@ -409,6 +390,24 @@ def test_one_worker_without_torch_distributed_sends_nothing_and_syncs():
         # Nesterov's first step: b = d, theta <- theta - lr (d + 0.9 d), d = theta at the sync - theta now
         torch.testing.assert_close(p, x0 - 0.7 * 1.9 * (x0 - x), rtol=1e-12, atol=1e-14)
         assert (p - x0).abs().max() > MOVED
+
+
+def test_one_worker_eager_is_plain_diloco_and_delayed_restarts_a_phase_late():
+    """With one worker the eager estimate is the worker's own fresh pseudo-gradient: plain DiLoCo (to
+    rounding); delayed, the first phase's progress is dropped at its sync and applied at the next one."""
+    models = [_mlp(torch.float64) for _ in range(3)]
+    start = [p.detach().clone() for p in models[0].parameters()]
+    plain, eager, delayed = (gradwise.DiLoCo(_adamw(m.parameters()), sync_every=2, **kwargs) for m, kwargs in zip(
+        models, ({}, {"overlap": 2, "eager": True}, {"overlap": 2})))
+    for diloco, model in zip((plain, eager, delayed), models):
+        _train(diloco, model, _backward, range(2), 0)
+    assert all(torch.equal(p, x0) for p, x0 in zip(models[2].parameters(), start))  # restarted, not stepped
+    for diloco, model in zip((plain, eager, delayed), models):
+        _train(diloco, model, _backward, range(2, 8), 0)
+    for p, q, x0 in zip(models[0].parameters(), models[1].parameters(), start):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+        assert (p - x0).abs().max() > MOVED
+    assert delayed.outer[0].state and delayed.pending[0].own is None and eager.pending[0].own
 
 
 def test_a_refused_inner_step_changes_nothing():

@@ -18,7 +18,17 @@ synced copy and outer optimizer, and fragment ``p`` syncs after the inner steps 
 (Streaming DiLoCo's overlapping communication) starts the all-reduce in the background and applies the
 outer step ``tau`` inner steps later, the worker's parameters then merged as
 ``theta_local <- alpha theta_local + (1 - alpha) theta_sync`` (``merge_alpha``; 0 replaces them), so
-that the all-reduce runs behind ``tau`` inner steps instead of blocking.
+that the all-reduce runs behind ``tau`` inner steps instead of blocking. ``overlap=H`` hides the
+all-reduce behind a whole phase: each phase's average is applied one phase late, at the next sync (the
+one-step-stale outer update of Kale et al. 2025's "delayed outer gradients"; CO2, Sun et al. 2024, adds a
+staleness penalty and clipping to it, which are not built here), and every phase restarts from the outer copy.
+``eager=True`` (with ``overlap=H``) is Kale et al.'s *eager updates* ("Eager Updates For Overlapped Communication
+and Computation in DiLoCo"): at each sync the worker does not wait; it steps its outer copy at once with its own
+fresh pseudo-gradient in place of its stale one in the last average::
+
+    delta_tilde = delta_bar_prev + (delta_mine - delta_mine_prev) / M    (delta_bar_prev: last phase's average)
+
+so each worker's outer copy follows its own estimate (they differ by ``1/M`` of a phase's local progress).
 
 Every byte this worker sends goes through ``gradwise.core.collectives`` and is counted in ``traffic``
 (``comm_stats``): one all-reduce per fragment, device and dtype at each of its syncs, of
@@ -54,6 +64,8 @@ class Pending:
     apply_at: int
     buffers: list[tuple[list[int], Tensor]]
     works: list[Any]
+    #: eager updates: this worker's own pseudo-gradient in each buffer, as it was sent (before the sum)
+    own: list[Tensor] | None = None
 
     def wait(self) -> None:
         for work in self.works:
@@ -76,14 +88,17 @@ class DiLoCo:
             initialized). Every worker must start from the same parameters, as DDP's replicas do.
         pseudo_gradient_dtype: the dtype the pseudo-gradients travel in (None: the parameters' own).
         fragments: Streaming DiLoCo's fragments, synced at staggered steps (1: plain DiLoCo).
-        overlap: inner steps the all-reduce runs behind before its outer step applies (0: it blocks).
+        overlap: inner steps the all-reduce runs behind before its outer step applies (0: it blocks;
+            ``sync_every``: a whole phase, the average applied at the next sync).
         merge_alpha: how much of its own parameters a worker keeps when an overlapped outer step applies.
+        eager: Kale et al.'s eager updates (needs ``overlap=sync_every``): the outer step at each sync on the
+            last average with this worker's fresh pseudo-gradient in place of its stale one.
     """
 
     def __init__(self, inner: torch.optim.Optimizer, outer: Callable[..., torch.optim.Optimizer] = outer_nesterov,
                  outer_lr: float = 0.7, sync_every: int = 500, process_group: Any = None, *,
                  pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1, overlap: int = 0,
-                 merge_alpha: float = 0.0) -> None:
+                 merge_alpha: float = 0.0, eager: bool = False) -> None:
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"invalid inner, a {type(inner).__name__}: expected a torch.optim.Optimizer"
                             " (e.g. gradwise.AdamW(model.parameters()))")
@@ -98,9 +113,13 @@ class DiLoCo:
                                                       and pseudo_gradient_dtype.is_floating_point):
             raise ValueError(f"invalid pseudo_gradient_dtype={pseudo_gradient_dtype!r}: expected None or a"
                              " floating-point torch.dtype (e.g. torch.bfloat16)")
-        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap < sync_every:
-            raise ValueError(f"invalid overlap={overlap!r}: expected an int from 0 to sync_every - 1"
-                             f" ({sync_every - 1}), the inner steps an all-reduce may run behind")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= sync_every:
+            raise ValueError(f"invalid overlap={overlap!r}: expected an int from 0 to sync_every"
+                             f" ({sync_every}), the inner steps an all-reduce may run behind")
+        if not isinstance(eager, bool) or (eager and overlap != sync_every):
+            raise ValueError(f"invalid eager={eager!r} with overlap={overlap!r}: eager updates hide the all-reduce"
+                             f" behind a whole phase; expected eager=False, or eager=True with overlap=sync_every"
+                             f" ({sync_every})")
         if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, (int, float)) or not 0 <= merge_alpha <= 1:
             raise ValueError(f"invalid merge_alpha={merge_alpha!r}: expected a number from 0 to 1")
         if process_group is not None and not dist.is_initialized():
@@ -120,6 +139,7 @@ class DiLoCo:
         self.pseudo_gradient_dtype = pseudo_gradient_dtype
         self.overlap = overlap
         self.merge_alpha = float(merge_alpha)
+        self.eager = eager
         #: the syncs started and not applied yet, oldest first
         self.pending: list[Pending] = []
         self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
@@ -156,10 +176,20 @@ class DiLoCo:
         self.local_step += 1
         for f in range(len(self.fragments)):
             if self.due(f, self.local_step):
-                self.pending.append(self._start(f))
+                started = self._start(f)
+                if self.overlap == self.sync_every:
+                    self._apply_stale(started, self._take_due(f))
+                self.pending.append(started)
         while self.pending and self.pending[0].apply_at == self.local_step:
             self._apply(self.pending.pop(0))
         return loss
+
+    def _take_due(self, fragment: int) -> Pending | None:
+        """The sync of ``fragment`` due after this step, taken off the queue (None in the first phase)."""
+        for k, pending in enumerate(self.pending):
+            if pending.fragment == fragment and pending.apply_at == self.local_step:
+                return self.pending.pop(k)
+        return None
 
     def due(self, fragment: int, step: int) -> bool:
         """Whether ``fragment`` syncs after inner step ``step`` (counted from 1)."""
@@ -175,24 +205,57 @@ class DiLoCo:
     @torch.no_grad()
     def _start(self, fragment: int) -> Pending:
         """Each worker's pseudo-gradient of ``fragment``, in one buffer per device and dtype, all-reducing."""
-        buffers, works = [], []
+        buffers, works, own = [], [], []
         for members in self._buckets(fragment):
             flat = torch.cat([(self.synced[i] - self.params[i]).reshape(-1) for i in members])
             sent = flat if self.pseudo_gradient_dtype is None else flat.to(self.pseudo_gradient_dtype)
+            if self.eager:
+                own.append(sent.clone())
             works.append(all_reduce_started(sent, self.process_group, self.traffic) if self.world > 1 else None)
             buffers.append((members, sent))
-        return Pending(fragment, self.local_step + self.overlap, buffers, works)
+        return Pending(fragment, self.local_step + self.overlap, buffers, works, own if self.eager else None)
 
     @torch.no_grad()
     def _apply(self, pending: Pending) -> None:
         """The outer step on the averaged pseudo-gradient; the worker restarts from (or merges with) it."""
         pending.wait()
-        for members, summed in pending.buffers:
-            mean = summed.to(self.params[members[0]].dtype).div_(self.world)
+        self._outer_step(pending.fragment, [(members, summed.to(self.params[members[0]].dtype).div_(self.world))
+                                            for members, summed in pending.buffers])
+
+    @torch.no_grad()
+    def _apply_stale(self, started: Pending, previous: Pending | None) -> None:
+        """``overlap=H``, at a sync: the outer step on the last phase's average (eager: with this worker's
+        fresh pseudo-gradient in place of its stale one); in the first phase, without eager, the worker
+        only restarts from the outer copy."""
+        if not self.eager:
+            if previous is not None:
+                self._apply(previous)
+            else:
+                for i in self.fragments[started.fragment]:
+                    self.params[i].copy_(self.synced[i])
+            return
+        if previous is not None:
+            previous.wait()
+        means = []
+        for b, (members, _) in enumerate(started.buffers):
+            dtype = self.params[members[0]].dtype
+            mean = started.own[b].to(dtype, copy=True)
+            if previous is not None:
+                mean.sub_(previous.own[b].to(dtype))
+            mean.div_(self.world)
+            if previous is not None:
+                mean.add_(previous.buffers[b][1].to(dtype) / self.world)
+            means.append((members, mean))
+        self._outer_step(started.fragment, means)
+
+    def _outer_step(self, fragment: int, means: list[tuple[list[int], Tensor]]) -> None:
+        """``fragment``'s outer step on the given mean pseudo-gradients (flat, one per bucket); the worker
+        restarts from (or merges with) the outer copy."""
+        for members, mean in means:
             for i, delta in zip(members, mean.split([self.params[i].numel() for i in members])):
                 self.synced[i].grad = delta.view_as(self.synced[i])
-        self.outer[pending.fragment].step()
-        for i in self.fragments[pending.fragment]:
+        self.outer[fragment].step()
+        for i in self.fragments[fragment]:
             self.synced[i].grad = None
             if self.merge_alpha:
                 self.params[i].lerp_(self.synced[i], 1 - self.merge_alpha)
@@ -215,8 +278,10 @@ class DiLoCo:
         return {"inner": self.inner.state_dict(), "outer": [o.state_dict() for o in self.outer],
                 "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
                 "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
+                "eager": self.eager,
                 "pending": [{"fragment": p.fragment, "apply_at": p.apply_at,
-                             "summed": [summed.clone() for _, summed in p.buffers]} for p in self.pending],
+                             "summed": [summed.clone() for _, summed in p.buffers],
+                             "own": None if p.own is None else [t.clone() for t in p.own]} for p in self.pending],
                 "traffic": {"calls": dict(self.traffic.calls), "bytes_sent": dict(self.traffic.bytes_sent)}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -226,19 +291,20 @@ class DiLoCo:
         if missing:
             raise ValueError(f"DiLoCo.load_state_dict: the state lacks {sorted(missing)}")
         for key, mine in (("sync_every", self.sync_every), ("fragments", len(self.fragments)),
-                          ("overlap", self.overlap)):
-            if state[key] != mine:
-                raise ValueError(f"DiLoCo.load_state_dict: the state has {key}={state[key]!r}, this DiLoCo"
+                          ("overlap", self.overlap), ("eager", self.eager)):
+            if state.get(key, False) != mine:  # a state saved before eager updates existed has no "eager"
+                raise ValueError(f"DiLoCo.load_state_dict: the state has {key}={state.get(key, False)!r}, this DiLoCo"
                                  f" {key}={mine!r}; build it with the same {key}")
         synced = state["synced"]
         if len(synced) != len(self.synced) or any(s.shape != t.shape or s.dtype != t.dtype
                                                   for s, t in zip(synced, self.synced)):
             raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
                              " parameters'; load a state saved for this model")
-        pending = [{**p, "summed": [t.clone() for t in p["summed"]]} for p in state["pending"]]
+        pending = [{**p, "summed": [t.clone() for t in p["summed"]],
+                    "own": None if p.get("own") is None else [t.clone() for t in p["own"]]} for p in state["pending"]]
         for p in pending:
             sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
-            if [t.numel() for t in p["summed"]] != sizes:
+            if any([t.numel() for t in buffers] != sizes for buffers in (p["summed"], p["own"] or p["summed"])):
                 raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
                                  f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
         self.inner.load_state_dict(state["inner"])
@@ -249,7 +315,7 @@ class DiLoCo:
                 s.copy_(saved)
         self.local_step = int(state["local_step"])
         self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
-                                [None] * len(p["summed"])) for p in pending]
+                                [None] * len(p["summed"]), p["own"]) for p in pending]
         self.traffic = Traffic(Counter(state["traffic"]["calls"]), Counter(state["traffic"]["bytes_sent"]))
 
     def __deepcopy__(self, memo: dict) -> "DiLoCo":
@@ -268,6 +334,7 @@ class DiLoCo:
         dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
         fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
         overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
+        overlap += ", eager=True" if self.eager else ""
         return (f"DiLoCo(inner={type(self.inner).__name__}, outer={type(self.outer[0]).__name__},"
                 f" outer_lr={self.outer_lr}, sync_every={self.sync_every}, workers={self.world}{dtype}{fragments}"
                 f"{overlap})")

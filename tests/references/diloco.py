@@ -1,0 +1,102 @@
+"""DiLoCo's rules written out, every worker simulated in turn in one process.
+
+``simulate``: Douillard et al. 2023 and Streaming DiLoCo (2025): each worker's pseudo-gradient is the synced
+copy minus its parameters; their mean steps the outer Nesterov (torch.optim.SGD's, op for op: ``b = d`` first,
+then ``b = mu b + d``; ``theta <- theta - lr (d + mu b)``); fragments sync at staggered steps; an overlapped
+all-reduce applies ``overlap`` steps late, the workers then merged with ``alpha``.
+
+``simulate_stale``: the outer step a whole phase late, as Kale et al. 2025 write it ("Eager Updates For
+Overlapped Communication and Computation in DiLoCo"). At each sync ``t`` every worker ``m`` has moved
+``delta_m = theta_m - x_m`` from its own outer copy ``theta_m``; the all-reduce of those runs during the next
+phase, so the outer step at sync ``t`` uses
+
+* delayed outer gradients: the last phase's average ``delta_bar(t - 1)`` (none at the first sync);
+* eager updates: ``(1/M) delta_m(t) + (1/M) sum over the other workers k of delta_k(t - 1)``;
+
+then the outer Nesterov on ``theta_m``, and the worker restarts from it: ``x_m <- theta_m``.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
+             fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0) -> list[list[torch.Tensor]]:
+    """Each worker's parameters after ``steps`` inner steps of DiLoCo (``backward(model, step, rank)`` fills
+    the gradients)."""
+    world = len(models)
+    params = [list(m.parameters()) for m in models]
+    n = len(params[0])
+    synced = [p.detach().clone() for p in params[0]]
+    momenta = [None] * n
+    pending = []  # (apply after this step, fragment, {parameter index: averaged pseudo-gradient})
+    for step in range(1, steps + 1):
+        for rank in range(world):
+            backward(models[rank], step - 1, rank)
+            inners[rank].step()
+            inners[rank].zero_grad()
+        for f in range(fragments):
+            if (step + f * sync_every // fragments) % sync_every == 0:
+                indices = range(f * n // fragments, (f + 1) * n // fragments)
+                means = {i: mean_pseudo_gradient(synced[i], [p[i] for p in params], dtype, comm_dtype) for i in indices}
+                pending.append((step + overlap, f, means))
+        with torch.no_grad():
+            for _, _, averaged in [p for p in pending if p[0] == step]:
+                for i, d in averaged.items():
+                    if momentum:  # torch.optim.SGD's Nesterov, op for op: b = d first, then b = mu b + d
+                        momenta[i] = d.clone() if momenta[i] is None else momenta[i].mul_(momentum).add_(d)
+                        d = d.add(momenta[i], alpha=momentum)
+                    synced[i].add_(d, alpha=-outer_lr)
+                    for rank in range(world):  # the worker restarts from the synced copy, or merges
+                        merged = synced[i] if not alpha else alpha * params[rank][i] + (1 - alpha) * synced[i]
+                        params[rank][i].copy_(merged)
+            pending = [p for p in pending if p[0] != step]
+    return params
+
+
+def mean_pseudo_gradient(synced, worker_params, dtype, comm_dtype) -> torch.Tensor:
+    """The mean over two workers of ``synced - theta_worker``, summed in ``comm_dtype`` if given."""
+    with torch.no_grad():
+        deltas = [synced - p for p in worker_params]
+        if comm_dtype is None:
+            total = deltas[0] + deltas[1]
+        else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
+            total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
+        return total.to(dtype) / len(worker_params)
+
+
+def simulate_stale(models, inners, backward, steps: int, sync_every: int, outer_lr: float, momentum: float,
+                   eager: bool) -> list[list[torch.Tensor]]:
+    """Each worker's parameters after ``steps`` inner steps (``backward(model, step, rank)`` fills grads)."""
+    world = len(models)
+    params = [list(m.parameters()) for m in models]
+    outer = [[p.detach().clone() for p in ps] for ps in params]
+    momenta = [[None] * len(ps) for ps in params]
+    last = None  # every worker's pseudo-gradients of the last sync
+    for step in range(1, steps + 1):
+        for rank in range(world):
+            backward(models[rank], step - 1, rank)
+            inners[rank].step()
+            inners[rank].zero_grad()
+        if step % sync_every:
+            continue
+        with torch.no_grad():
+            deltas = [[theta - x for theta, x in zip(outer[m], params[m])] for m in range(world)]
+            for m in range(world):
+                for i in range(len(params[m])):
+                    if eager:
+                        others = sum(last[k][i] for k in range(world) if k != m) if last else 0
+                        d = (deltas[m][i] + others) / world
+                    elif last:
+                        d = sum(last[k][i] for k in range(world)) / world
+                    else:
+                        d = None
+                    if d is not None:
+                        if momentum:
+                            b = momenta[m][i]
+                            momenta[m][i] = d.clone() if b is None else b.mul_(momentum).add_(d)
+                            d = d + momentum * momenta[m][i]
+                        outer[m][i] -= outer_lr * d
+                    params[m][i].copy_(outer[m][i])
+            last = deltas
+    return params
