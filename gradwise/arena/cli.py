@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      " self-tuning without)")
     run.add_argument("--optimizer", help="the optimizer a --search-space file is for, if the file names none")
     run.add_argument("--trials", type=_positive(int), default=5, help="Halton trials per study (external)")
+    run.add_argument("--tuner", choices=["halton", "hyperband", "one-epoch"], default="halton",
+                     help="external tuning: every trial its whole budget (halton), Hyperband's early stops"
+                          " (hyperband), or the Top-K after one epoch of each (one-epoch)")
     run.add_argument("--studies", type=_positive(int), help="studies per submission and workload")
     run.add_argument("--budget-scale", type=_positive(float), default=1.0,
                      help="multiply every workload's step and time budget")
@@ -143,7 +146,7 @@ def _plans(args):
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
-                                suite=name, time_limit=not args.no_time_limit)]
+                                suite=name, time_limit=not args.no_time_limit, tuner=args.tuner)]
 
 
 def _open(storage: str, create: bool = True):

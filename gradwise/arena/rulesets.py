@@ -5,7 +5,9 @@
 - **external tuning**: ``trials`` points per study drawn by quasi-random Halton search through Optuna's
   ``QMCSampler`` (scrambled, seeded by the study index, so each study draws its own points), ``studies``
   studies; the workload's time is the median over studies of the fastest trial. A list-form space gives its
-  first ``trials`` points to every study instead.
+  first ``trials`` points to every study instead. ``tuner`` (``gradwise.arena.tuners``) decides which of them
+  train their whole budget: all (``halton``), those Hyperband keeps (``hyperband``), or the Top-K after one
+  epoch of each (``one-epoch``).
 
 An entry is an optimizer with hyperparameters or a space, or an AlgoPerf submission file (``submission_entry``):
 then its ``tuning_search_space.json`` makes it external, none self-tuning, and its trials run through
@@ -38,6 +40,7 @@ from gradwise.arena.algoperf_trial import run_submission_trial
 from gradwise.arena.runner import run_trial
 from gradwise.arena.store import Claimed, Store
 from gradwise.arena.submissions import SELF_TUNING, check_hyperparameters, check_search_space
+from gradwise.arena.tuners import TOP, Pruning, check_tuner, resolve_slot, screen_steps, slots, top_k
 from gradwise.arena.workloads import Workload, get_workload
 
 SELF_TUNING_BUDGET = 1.5
@@ -115,12 +118,16 @@ def halton_points(space: dict[str, dict], n: int, seed: int) -> list[dict[str, A
 
 def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_scale: float = 1.0,
          suite: str = "custom", target: float | None = None, self_tuning_budget: bool = True,
-         time_limit: bool = True) -> list[StudyPlan]:
+         time_limit: bool = True, tuner: str = "halton") -> list[StudyPlan]:
     """The studies one submission runs on one workload (``target`` overrides the workload's). Without
     ``time_limit`` a trial runs its whole step budget however long it takes (target setting: its results must
-    not depend on the machine's load)."""
+    not depend on the machine's load). ``tuner`` other than ``halton`` needs an optimizer with a search space."""
     if studies < 1 or trials < 1:
         raise ValueError(f"invalid studies={studies!r}, trials={trials!r}: expected >= 1")
+    if check_tuner(tuner) != "halton" and (entry.space is None or entry.module is not None):
+        raise ValueError(f"invalid tuner={tuner!r} for {entry.name!r}: a multi-fidelity tuner chooses among the"
+                         " points of an optimizer's search space (external tuning); a self-tuning entry or an"
+                         " AlgoPerf submission file runs tuner='halton'")
     if not budget_scale > 0:
         raise ValueError(f"invalid budget_scale={budget_scale!r}: expected > 0")
     w = get_workload(workload)
@@ -147,6 +154,11 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
         if entry.module is not None:  # a changed file is another submission: a resumed run refuses it
             spec.update(module=entry.module, sha256=file_sha256(entry.module),
                         step_hint=max(1, round(w.step_hint * budget_scale)))
+        if tuner != "halton":  # halton's spec stays as it was, so stores made before tuners resume
+            spec["tuner"] = tuner
+        if tuner == "one-epoch":
+            spec.update(screen_steps=screen_steps(w, max_steps), screened=len(points))
+            points = points + slots(top_k(len(points)))
         name = f"{suite}/{entry.ruleset}/{entry.name}/{workload}/study{j}"
         seeds = [1000 * j + i for i in range(len(points))]
         result.append(StudyPlan(name, entry, workload, spec, points, seeds, dists))
@@ -175,6 +187,7 @@ def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
                     point = claimed.hyperparameters if p.entry.space is not None else None  # self-tuning: None
                     record = run_submission_trial(w, p.entry.module, point, step_hint=p.spec["step_hint"], **budget)
                 else:
+                    budget = _tuned(budget, store, p, claimed, w)  # first: a one-epoch slot resolves its point
                     record = run_trial(w, p.entry.optimizer, claimed.hyperparameters, **budget)
             except BaseException as error:
                 state = TrialState.WAITING if isinstance(error, KeyboardInterrupt) else TrialState.FAIL
@@ -188,3 +201,18 @@ def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
             if on_trial is not None:
                 on_trial(p, claimed, record)
     return ran
+
+
+def _tuned(budget: dict[str, Any], store: Store, p: StudyPlan, claimed: Claimed, w: Workload) -> dict[str, Any]:
+    """``budget`` as the study's tuner sets it for this trial: Hyperband's pruning callback; one-epoch's
+    screening budget, or a slot's point and seed (``claimed`` is updated, so the trial is recorded as run)."""
+    tuner = p.spec.get("tuner", "halton")
+    if tuner == "hyperband":
+        return {**budget, "prune": Pruning(store.storage, p.name, claimed.trial_id, w, p.spec["max_steps"])}
+    if tuner == "one-epoch":
+        if TOP not in claimed.hyperparameters:
+            return {**budget, "stop_after": p.spec["screen_steps"]}
+        point, seed = resolve_slot(store.storage, p.name, claimed.hyperparameters[TOP], p.spec["screened"], w)
+        claimed.hyperparameters, claimed.seed = point, seed
+        return {**budget, "seed": seed}
+    return budget

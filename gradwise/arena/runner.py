@@ -111,12 +111,19 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
 
 def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any], *, seed: int,
               target: float, max_steps: int, max_runtime: float, threads: int = 1,
-              on_eval: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Train once; returns the trial record (JSON-serializable; ``time_to_target`` is None on a miss)."""
+              on_eval: Callable[[dict], None] | None = None,
+              prune: Callable[[dict], bool] | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    """Train once; returns the trial record (JSON-serializable; ``time_to_target`` is None on a miss).
+    ``prune(point)``, asked after each evaluation that misses the target, stops the trial when it says so
+    before the budget's end (a multi-fidelity tuner's early stop; the record says ``pruned``). ``stop_after``
+    ends the trial after that many steps of a ``max_steps`` budget (its learning-rate schedule unchanged): the
+    first steps of the whole run, as a one-epoch screening trains them."""
     if max_steps < 1:
         raise ValueError(f"invalid max_steps={max_steps!r}: expected >= 1")
     if not max_runtime > 0:
         raise ValueError(f"invalid max_runtime={max_runtime!r}: expected > 0 seconds")
+    if stop_after is not None and not 1 <= stop_after <= max_steps:
+        raise ValueError(f"invalid stop_after={stop_after!r}: expected None or 1 to max_steps ({max_steps})")
     pin_threads(threads)
     workload.data()  # build or load the data outside the clock
     model = workload.init_model(seed)
@@ -130,10 +137,11 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
     rss_start = rss_now_mb()
     curve: list[dict[str, float]] = []
     train_time = cpu_time = 0.0
-    step, hit, diverged, train_loss = 0, False, False, math.nan
+    step, hit, diverged, pruned, train_loss = 0, False, False, False, math.nan
     model.train()
     modes = has_modes(opt)
-    while step < max_steps and train_time < max_runtime:
+    steps = max_steps if stop_after is None else stop_after
+    while step < steps and train_time < max_runtime:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         if modes:
             opt.train()  # back from the last evaluation's point (nothing to do on the first step)
@@ -148,7 +156,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
         cpu_time += time.process_time() - cpu0
         step += 1
         diverged = not math.isfinite(train_loss)
-        last = diverged or step >= max_steps or train_time >= max_runtime
+        last = diverged or step >= steps or train_time >= max_runtime
         if step % workload.eval_every == 0 or last:
             wall, cpu = _timed(opt.eval) if modes else (0.0, 0.0)  # Schedule-Free: evaluate at x, not at y
             train_time, cpu_time = train_time + wall, cpu_time + cpu
@@ -160,12 +168,16 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
             if not diverged and workload.reached(point[workload.metric], target):
                 hit = True
                 break
+            if prune is not None and prune(point) and not last:
+                pruned = True
+                break
         if diverged:
             break
     values = [p[workload.metric] for p in curve if workload.metric in p]
     best = (max if workload.higher_is_better else min)(values) if values else None
     record.update({
-        "reached": hit, "diverged": diverged, "steps": step, "train_time": train_time, "cpu_time": cpu_time,
+        "reached": hit, "diverged": diverged, "pruned": pruned, "steps": step, "train_time": train_time,
+        "cpu_time": cpu_time,
         "time_to_target": train_time if hit else None, "steps_to_target": step if hit else None,
         "best_metric": best, "final_metric": values[-1] if values else None,
         "peak_rss_mb": peak_rss_mb(scope), "peak_rss_scope": scope, "rss_start_mb": rss_start,
