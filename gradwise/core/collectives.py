@@ -2,7 +2,8 @@
 
 ``Traffic`` counts, per kind of collective, the calls and the bytes this rank hands to other ranks:
 an all-reduce counts its payload once (``tensor.nbytes``, whatever algorithm the backend runs), an
-all-to-all the chunks it addresses to other ranks (not the one it keeps). These are the figures
+all-gather this rank's contribution once (``tensor.nbytes``), an all-to-all the chunks it addresses to
+other ranks (not the one it keeps). These are the figures
 ``gradwise estimate --world-size`` predicts and ``optimizer.comm_stats`` reports; FSDP2's own
 all-gather and reduce-scatter of parameters and gradients are not the optimizer's and are not counted.
 """
@@ -47,6 +48,15 @@ def all_reduce_started(tensor: Tensor, group, traffic: Traffic):
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
     traffic.record("all_reduce", tensor.nbytes)
     return work
+
+
+def all_gather(tensor: Tensor, group, traffic: Traffic) -> list[Tensor]:
+    """Every rank's ``tensor`` (one shape and dtype on all ranks), in rank order; counted as
+    ``all_gather``, this rank's ``tensor.nbytes``."""
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, tensor, group=group)
+    traffic.record("all_gather", tensor.nbytes)
+    return gathered
 
 
 def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) -> list[Tensor]:
