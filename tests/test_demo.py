@@ -1,0 +1,329 @@
+"""``gradwise.DeMo`` and PowerSGD's counted DDP hook on real gloo ranks, against float64 references.
+
+One spawn of two ranks runs every distributed case (``outcomes``), each rank on its own batches:
+
+* **DeMo reference**: the workers' algorithm written out here from the paper in numpy float64 (scipy's
+  orthonormal DCT-II per block, each worker's momentum, its top-k components per block removed from it,
+  each component's mean over the workers that sent it, the inverse DCT, sign or not, decoupled weight
+  decay), step by step for 20 steps, within 1e-10; the parameters are the same on both workers;
+* **DeMo resume**: ``state_dict`` through ``torch.save`` into a new model and DeMo, and a ``copy.deepcopy``,
+  continue bit-identically (the sent bytes too);
+* **DeMo bytes**: ``comm_stats`` equals the sizes computed here by hand from the shapes;
+* **PowerSGD reference**: DDP with ``register_powersgd`` (rank 2, two plain steps first) against PowerSGD
+  written out here in float64 (P = M Q summed and orthonormalized, Q = M^T P averaged, warm-started, the
+  error fed back), each step's gradients within 1e-10 over 22 steps, and its bytes by hand;
+* **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in DeMo's
+  all-gather, is stopped at once, well before gloo's collective timeout, and the test fails with the error.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import time
+import traceback
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+import torch.distributed as dist
+
+import gradwise
+from gradwise.distributed.powersgd import register_powersgd
+from tests.distributed_harness import COLLECTIVE_TIMEOUT_S, labelled, needs_gloo, spawn
+
+WORLD_SIZE = 2
+#: DeMo's settings in the tests: blocks of up to 5 x 5, 3 components of each sent
+CHUNK, TOPK = 5, 3
+
+
+# --------------------------------------------------------------------------- models and data
+class _ConvNet(torch.nn.Module):
+    """A 3-d weight (4, 2, 3), vectors, and matrices whose dims the chunk does not divide."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(2, 4, 3).to(dtype)
+        self.out = torch.nn.Linear(12, 3).to(dtype)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.conv(x)).flatten(1))
+
+
+def _batch(step: int, rank: int, shape_x, shape_y, dtype):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(*shape_x, generator=g, dtype=dtype), torch.randn(*shape_y, generator=g, dtype=dtype)
+
+
+def _backward(model, step: int, rank: int) -> None:
+    x, y = _batch(step, rank, (4, 2, 5), (4, 3), next(model.parameters()).dtype)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def _train(optimizer, model, steps, rank: int) -> None:
+    for step in steps:
+        _backward(model, step, rank)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+# --------------------------------------------------------------------------- DeMo from the paper, float64
+def _divisor_at_most(n: int, s: int) -> int:
+    return next(d for d in range(min(n, s), 0, -1) if n % d == 0)
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    """(blocks, c0, c1) of a matrix view, or (blocks, c) of a vector."""
+    if x.ndim <= 1:
+        x = x.reshape(-1)
+        c = _divisor_at_most(x.size, CHUNK)
+        return x.reshape(-1, c)
+    x = x.reshape(x.shape[0], -1)
+    (n0, n1), c0, c1 = x.shape, _divisor_at_most(x.shape[0], CHUNK), _divisor_at_most(x.shape[1], CHUNK)
+    return x.reshape(n0 // c0, c0, n1 // c1, c1).transpose(0, 2, 1, 3).reshape(-1, c0, c1)
+
+
+def _unblocks(blocks: np.ndarray, shape) -> np.ndarray:
+    if blocks.ndim == 2:
+        return blocks.reshape(shape)
+    n0 = shape[0]
+    n1 = int(np.prod(shape)) // n0
+    c0, c1 = blocks.shape[1:]
+    return blocks.reshape(n0 // c0, n1 // c1, c0, c1).transpose(0, 2, 1, 3).reshape(shape)
+
+
+def _dct(blocks):
+    axes = tuple(range(1, blocks.ndim))
+    return scipy.fft.dctn(blocks, axes=axes, norm="ortho")
+
+
+def _idct(blocks):
+    axes = tuple(range(1, blocks.ndim))
+    return scipy.fft.idctn(blocks, axes=axes, norm="ortho")
+
+
+def _demo_reference(steps: int, lr: float, beta: float, weight_decay: float, sign: bool) -> list[np.ndarray]:
+    """The parameters after ``steps`` steps of DeMo on ``WORLD_SIZE`` workers, simulated in turn."""
+    model = _ConvNet()
+    x = [p.detach().numpy().copy() for p in model.parameters()]
+    momenta = [[np.zeros_like(p) for p in x] for _ in range(WORLD_SIZE)]
+    for step in range(steps):
+        sent = []  # per worker, per parameter: (blocks, components) arrays of the values sent, nan elsewhere
+        for rank in range(WORLD_SIZE):
+            with torch.no_grad():
+                for p, value in zip(model.parameters(), x):
+                    p.copy_(torch.from_numpy(value))
+            model.zero_grad()
+            _backward(model, step, rank)
+            mine = []
+            for i, p in enumerate(model.parameters()):
+                m = momenta[rank][i] = beta * momenta[rank][i] + p.grad.numpy()
+                c = _dct(_blocks(m))
+                flat = c.reshape(c.shape[0], -1)
+                k = min(TOPK, flat.shape[1])
+                top = np.argsort(-np.abs(flat), axis=1)[:, :k]
+                chosen = np.full_like(flat, np.nan)
+                np.put_along_axis(chosen, top, np.take_along_axis(flat, top, axis=1), axis=1)
+                momenta[rank][i] = m - _unblocks(_idct(np.nan_to_num(chosen).reshape(c.shape)), m.shape)
+                mine.append(chosen)
+            sent.append(mine)
+        for i in range(len(x)):
+            stacked = np.stack([worker[i] for worker in sent])
+            count = (~np.isnan(stacked)).sum(axis=0)
+            mean = np.where(count > 0, np.nansum(stacked, axis=0) / np.maximum(count, 1), 0.0)
+            shape = _dct(_blocks(x[i])).shape
+            q = _unblocks(_idct(mean.reshape(shape)), x[i].shape)
+            x[i] = x[i] * (1 - lr * weight_decay) - lr * (np.sign(q) if sign else q)
+    return x
+
+
+# --------------------------------------------------------------------------- PowerSGD from the paper, float64
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.Tanh(), torch.nn.Linear(12, 1)).double()
+
+
+def _mlp_backward(model, step: int, rank: int) -> None:
+    x, y = _batch(step, rank, (4, 16), (4, 1), torch.float64)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def _orthonormal(matrix: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.qr(matrix).Q
+
+
+def _powersgd_reference(steps: int, lr: float, plain: int, rank: int, seed: int) -> list[list[torch.Tensor]]:
+    """Each step's averaged gradients; only the first weight (12 x 16) is worth compressing at rank 2."""
+    model = _mlp()
+    params = [p.detach().clone() for p in model.parameters()]
+    errors = [torch.zeros(12, 16, dtype=torch.float64) for _ in range(WORLD_SIZE)]
+    q = None
+    out = []
+    for step in range(steps):
+        grads = []
+        for worker in range(WORLD_SIZE):
+            with torch.no_grad():
+                for p, value in zip(model.parameters(), params):
+                    p.copy_(value)
+            model.zero_grad()
+            _mlp_backward(model, step, worker)
+            grads.append([p.grad.clone() for p in model.parameters()])
+        mean = [sum(g[i] for g in grads) / WORLD_SIZE for i in range(len(params))]
+        if step >= plain:
+            matrices = [grads[w][0] + errors[w] for w in range(WORLD_SIZE)]
+            if q is None:  # torch's random start, the same on every worker
+                torch.manual_seed(np.random.RandomState(seed).randint(1_000_000_000))
+                q = torch.randn(1, 16, rank, dtype=torch.float64)[0]
+            q = _orthonormal(q)
+            p_factor = _orthonormal(sum(m @ q for m in matrices))
+            q = sum(m.T @ p_factor for m in matrices) / WORLD_SIZE
+            mean[0] = p_factor @ q.T
+            errors = [m - mean[0] for m in matrices]
+        out.append(mean)
+        params = [p - lr * g for p, g in zip(params, mean)]
+    return out
+
+
+# --------------------------------------------------------------------------- the cases, inside each rank
+def _case_demo_reference(rank: int) -> None:
+    for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
+                          ("q itself", {"weight_decay": 0.0, "sign": False})):
+        model = _ConvNet()
+        initial = [p.detach().clone() for p in model.parameters()]
+        demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
+        _train(demo, model, range(20), rank)
+        expected = _demo_reference(20, 1e-2, 0.9, **kwargs)
+        for i, (p, q, before) in enumerate(zip(model.parameters(), expected, initial, strict=True)):
+            assert (p - before).abs().max() > 1e-3, f"{label}: parameter {i} barely moved; the check is vacuous"
+            torch.testing.assert_close(p.detach(), torch.from_numpy(q), rtol=1e-10, atol=1e-10,
+                                       msg=lambda m: f"{label}, parameter {i}: {m}")
+        theirs = [torch.empty_like(initial[0]) for _ in range(WORLD_SIZE)]
+        dist.all_gather(theirs, next(model.parameters()).detach().contiguous())
+        assert torch.equal(theirs[0], theirs[1]), f"{label}: the workers' parameters differ"
+        # the residual momentum differs between workers: each kept its own
+        momentum = demo.state[next(model.parameters())]["momentum"]
+        dist.all_gather(theirs, momentum)
+        assert not torch.equal(theirs[0], theirs[1]), f"{label}: the workers' momenta are the same"
+
+
+def _case_demo_resume(rank: int) -> None:
+    kwargs = {"lr": 1e-2, "momentum": 0.9, "chunk": CHUNK, "topk": TOPK, "weight_decay": 0.1}
+    model = _ConvNet(torch.float32)
+    demo = gradwise.DeMo(model.parameters(), **kwargs)
+    _train(demo, model, range(4), rank)
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "demo": demo.state_dict()}, buffer)
+    copied_model, copied = copy.deepcopy((model, demo))
+    saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    resumed_model = _ConvNet(torch.float32)
+    resumed_model.load_state_dict(saved["model"])
+    resumed = gradwise.DeMo(resumed_model.parameters(), **kwargs)
+    resumed.load_state_dict(saved["demo"])
+    for m, d in ((model, demo), (copied_model, copied), (resumed_model, resumed)):
+        _train(d, m, range(4, 10), rank)
+    for other, label in ((resumed_model, "resumed from state_dict"), (copied_model, "deepcopy")):
+        for p, q in zip(model.parameters(), other.parameters(), strict=True):
+            assert torch.equal(p, q), f"{label} vs uninterrupted: max abs diff {(p - q).abs().max().item():.3g}"
+    assert resumed.comm_stats == demo.comm_stats == copied.comm_stats and demo.steps == 10
+
+
+def _case_demo_bytes(rank: int) -> None:
+    # blocks x min(k, components) selected: conv weight as (4, 6) in 4 x 3 blocks: 2 x 3; conv bias (4,): 1 x 3;
+    # out weight (3, 12) in 3 x 4 blocks: 3 x 3; out bias (3,): 1 x 3. 21 components of float32 + int16: 126 bytes
+    model = _ConvNet(torch.float32)
+    demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
+    _train(demo, model, range(3), rank)
+    assert demo.comm_stats == {"collectives": 3, "bytes_sent": 378, "all_gather_bytes": 378, "steps": 3,
+                               "bytes_sent_per_step": 126.0}, demo.comm_stats
+    # float64, topk 1: 7 components of 8 + 2 bytes
+    model = _ConvNet()
+    demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=1)
+    _train(demo, model, range(2), rank)
+    assert demo.comm_stats["bytes_sent_per_step"] == 70, demo.comm_stats
+
+
+def _case_powersgd_reference(rank: int) -> None:
+    model = _mlp()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    counted = register_powersgd(ddp, rank=2, start_powerSGD_iter=2, random_seed=7)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = _powersgd_reference(22, 0.1, plain=2, rank=2, seed=7)
+    for step in range(22):
+        _mlp_backward(ddp, step, rank)
+        for i, (p, g) in enumerate(zip(model.parameters(), expected[step], strict=True)):
+            torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12, msg=lambda m: f"step {step}, grad {i}: {m}")
+        optimizer.step()
+        optimizer.zero_grad()
+    # the compressed weight gradient is of rank 2, the plain steps' of more (the check is not vacuous)
+    assert torch.linalg.matrix_rank(expected[-1][0]) == 2 and torch.linalg.matrix_rank(expected[0][0]) > 2
+    # plain steps: the bucket's 192 + 12 + 12 + 1 = 217 float64 elements; then uncompressed 12 + 12 + 1,
+    # P 12 x 2, Q 16 x 2: 81 elements in three all-reduces
+    plain, compressed = 217 * 8, (25 + 24 + 32) * 8
+    assert counted.comm_stats == {"collectives": 2 + 3 * 20, "bytes_sent": 2 * plain + 20 * compressed,
+                                  "all_reduce_bytes": 2 * plain + 20 * compressed, "steps": 22,
+                                  "bytes_sent_per_step": (2 * plain + 20 * compressed) / 22}, counted.comm_stats
+
+
+CASES = {"demo reference": _case_demo_reference, "demo resume": _case_demo_resume, "demo bytes": _case_demo_bytes,
+         "powersgd reference": _case_powersgd_reference}
+
+
+def _worker(rank: int, world_size: int, directory: str) -> None:
+    """Every case in the same order on every rank, each outcome recorded; then rank 1 raises mid-step."""
+    outcomes = {}
+    for name, case in CASES.items():
+        try:
+            case(rank)
+            outcomes[name] = "ok"
+        except Exception as error:
+            labelled(error, rank, name)
+            outcomes[name] = "".join(traceback.format_exception(error))
+        dist.barrier()
+    with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
+        json.dump(outcomes, f)
+    model = _ConvNet(torch.float32)
+    demo = gradwise.DeMo(model.parameters())
+    _backward(model, 0, rank)
+    if rank == 1:
+        with open(os.path.join(directory, "raised_at"), "w") as f:
+            f.write(repr(time.time()))
+        raise RuntimeError("worker 1 fails on purpose before its step")
+    demo.step()  # waits in the all-gather for worker 1, which never comes
+    with open(os.path.join(directory, "rank0_went_on"), "w") as f:
+        f.write("the all-gather returned without worker 1")
+
+
+# --------------------------------------------------------------------------- the tests
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    """Each rank's outcome of every case, and how the failing worker ended the spawn."""
+    directory = tmp_path_factory.mktemp("demo")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        spawn(_worker, WORLD_SIZE, str(directory))
+    returned = time.time()
+    ranks = []
+    for rank in range(WORLD_SIZE):
+        with open(directory / f"rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    raised_at = float((directory / "raised_at").read_text())
+    return {"ranks": ranks, "failure": str(failed.value), "stopped_after_s": returned - raised_at,
+            "rank0_went_on": (directory / "rank0_went_on").exists()}
+
+
+@needs_gloo
+@pytest.mark.parametrize("case", list(CASES))
+def test_on_two_gloo_ranks(outcomes, case):
+    failures = [f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes["ranks"]) if o[case] != "ok"]
+    assert not failures, "\n".join(failures)
+
+
+@needs_gloo
+def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
+    failure = outcomes["failure"]
+    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "demo.py" in failure
+                                                      and "in step" in failure), failure
+    assert not outcomes["rank0_went_on"]
+    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
