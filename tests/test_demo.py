@@ -327,3 +327,81 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
                                                       and "in step" in failure), failure
     assert not outcomes["rank0_went_on"]
     assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
+
+
+# --------------------------------------------------------------------------- one process, no spawn
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"lr": -1.0}, r"lr=-1.0: expected a finite number >= 0"),
+    ({"lr": float("nan")}, r"lr=nan"),
+    ({"momentum": 1.0}, r"momentum=1.0: expected a number from 0 to 1 \(1 excluded\)"),
+    ({"momentum": True}, r"momentum=True"),
+    ({"weight_decay": -0.1}, r"weight_decay=-0.1: expected a finite number >= 0"),
+    ({"chunk": 0}, r"chunk=0: expected an int >= 1"),
+    ({"topk": 2.0}, r"topk=2.0: expected an int >= 1"),
+    ({"sign": 1}, r"sign=1: expected True"),
+    ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        gradwise.DeMo(_ConvNet().parameters(), **kwargs)
+
+
+def test_an_integer_parameter_is_refused():
+    with pytest.raises(ValueError, match=r"parameter 1 has dtype torch.int64"):
+        gradwise.DeMo([torch.nn.Parameter(torch.ones(2)), torch.ones(2, dtype=torch.long)])
+
+
+def test_every_component_sent_without_momentum_or_sign_is_sgd():
+    """One worker, k = every component of a block, beta = 0, q itself: q is the gradient (the DCT is
+    orthonormal), nothing is left in the momentum, nothing is sent without torch.distributed."""
+    model, plain = _ConvNet(), _ConvNet()
+    demo = gradwise.DeMo(model.parameters(), lr=0.1, momentum=0.0, chunk=CHUNK, topk=25, sign=False)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
+    _train(demo, model, range(3), 0)
+    _train(sgd, plain, range(3), 0)
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+        assert demo.state[p]["momentum"].abs().max() < 1e-14
+    assert demo.comm_stats == {"collectives": 0, "bytes_sent": 0, "steps": 3, "bytes_sent_per_step": 0.0}
+
+
+def test_a_missing_gradient_is_refused_before_anything_changes():
+    model = _ConvNet()
+    demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
+    _train(demo, model, range(1), 0)
+    before = copy.deepcopy((model.state_dict(), demo.state_dict()))
+    _backward(model, 1, 0)
+    model.out.bias.grad = None
+    with pytest.raises(ValueError, match=r"parameter 3 \(shape \(3,\)\) has no gradient"):
+        demo.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before[0].values()))
+    assert all(torch.equal(s["momentum"], before[1]["state"][i]["momentum"]) for i, s in
+               enumerate(demo.state_dict()["state"].values())) and demo.steps == 1
+
+
+def test_a_state_of_another_model_or_setting_is_refused_before_anything_changes():
+    model = _ConvNet()
+    demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
+    _train(demo, model, range(2), 0)
+    before = copy.deepcopy(demo.state_dict())
+    other = gradwise.DeMo(_ConvNet().parameters(), chunk=CHUNK, topk=TOPK + 1)
+    with pytest.raises(ValueError, match=r"topk=4, this DeMo topk=3"):
+        demo.load_state_dict(other.state_dict())
+    wrong = copy.deepcopy(before)
+    wrong["state"][0]["momentum"] = torch.zeros(3, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"momentum of parameter 0 has shape \(3, 3\), this model's \(4, 2, 3\)"):
+        demo.load_state_dict(wrong)
+    assert all(torch.equal(demo.state_dict()["state"][i]["momentum"], s["momentum"])
+               for i, s in before["state"].items())
+
+
+def test_powersgd_refuses_a_module_without_ddp_and_bad_settings():
+    with pytest.raises(TypeError, match=r"invalid model, a Sequential: expected a DistributedDataParallel"):
+        register_powersgd(_mlp())
+    ddp_free = object.__new__(torch.nn.parallel.DistributedDataParallel)  # the checks come before any use
+    with pytest.raises(ValueError, match=r"rank=0: expected an int >= 1"):
+        register_powersgd(ddp_free, rank=0)
+    with pytest.raises(ValueError, match=r"start_powerSGD_iter=1: expected an int >= 2"):
+        register_powersgd(ddp_free, start_powerSGD_iter=1)
+    with pytest.raises(ValueError, match=r"min_compression_rate=-1"):
+        register_powersgd(ddp_free, min_compression_rate=-1)
