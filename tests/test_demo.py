@@ -19,10 +19,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
-import os
-import time
-import traceback
 
 import numpy as np
 import pytest
@@ -32,7 +28,15 @@ import torch.distributed as dist
 
 import gradwise
 from gradwise.distributed.powersgd import register_powersgd
-from tests.distributed_harness import COLLECTIVE_TIMEOUT_S, labelled, needs_gloo, spawn
+from tests.distributed_harness import (
+    assert_stopped_with_error,
+    case_failures,
+    needs_gloo,
+    raise_on_purpose,
+    run_cases,
+    spawn_failing_on_purpose,
+    went_on,
+)
 
 WORLD_SIZE = 2
 #: DeMo's settings in the tests: blocks of up to 5 x 5, 3 components of each sent
@@ -272,61 +276,34 @@ CASES = {"demo reference": _case_demo_reference, "demo resume": _case_demo_resum
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:
-    """Every case in the same order on every rank, each outcome recorded; then rank 1 raises mid-step."""
-    outcomes = {}
-    for name, case in CASES.items():
-        try:
-            case(rank)
-            outcomes[name] = "ok"
-        except Exception as error:
-            labelled(error, rank, name)
-            outcomes[name] = "".join(traceback.format_exception(error))
-        dist.barrier()
-    with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
-        json.dump(outcomes, f)
+    """Every case in the same order on every rank; then rank 1 raises mid-step."""
+    run_cases(CASES, rank, directory)
     model = _ConvNet(torch.float32)
     demo = gradwise.DeMo(model.parameters())
     _backward(model, 0, rank)
     if rank == 1:
-        with open(os.path.join(directory, "raised_at"), "w") as f:
-            f.write(repr(time.time()))
-        raise RuntimeError("worker 1 fails on purpose before its step")
+        raise_on_purpose(directory, "worker 1 fails on purpose before its step")
     demo.step()  # waits in the all-gather for worker 1, which never comes
-    with open(os.path.join(directory, "rank0_went_on"), "w") as f:
-        f.write("the all-gather returned without worker 1")
+    went_on(directory, "the all-gather returned without worker 1")
 
 
 # --------------------------------------------------------------------------- the tests
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict:
     """Each rank's outcome of every case, and how the failing worker ended the spawn."""
-    directory = tmp_path_factory.mktemp("demo")
-    with pytest.raises(pytest.fail.Exception) as failed:
-        spawn(_worker, WORLD_SIZE, str(directory))
-    returned = time.time()
-    ranks = []
-    for rank in range(WORLD_SIZE):
-        with open(directory / f"rank{rank}.json") as f:
-            ranks.append(json.load(f))
-    raised_at = float((directory / "raised_at").read_text())
-    return {"ranks": ranks, "failure": str(failed.value), "stopped_after_s": returned - raised_at,
-            "rank0_went_on": (directory / "rank0_went_on").exists()}
+    return spawn_failing_on_purpose(_worker, WORLD_SIZE, tmp_path_factory.mktemp("demo"))
 
 
 @needs_gloo
 @pytest.mark.parametrize("case", list(CASES))
 def test_on_two_gloo_ranks(outcomes, case):
-    failures = [f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes["ranks"]) if o[case] != "ok"]
-    assert not failures, "\n".join(failures)
+    failures = case_failures(outcomes, case)
+    assert not failures, failures
 
 
 @needs_gloo
 def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
-    failure = outcomes["failure"]
-    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "demo.py" in failure
-                                                      and "in step" in failure), failure
-    assert not outcomes["rank0_went_on"]
-    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
+    assert_stopped_with_error(outcomes, "worker 1 fails on purpose", "demo.py")
 
 
 # --------------------------------------------------------------------------- one process, no spawn

@@ -9,6 +9,7 @@ all-gather and reduce-scatter of parameters and gradients are not the optimizer'
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -69,3 +70,14 @@ def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) 
                            input_split_sizes=[c.numel() for c in chunks], group=group)
     traffic.record("all_to_all", sum(c.nbytes for r, c in enumerate(chunks) if r != rank))
     return list(received.split(sizes))
+
+
+def deepcopy_on_group(obj, memo: dict, group):
+    """``copy.deepcopy(obj)`` for an object holding a process group: its own copies of everything else,
+    the same ``group`` (a process group cannot be copied)."""
+    memo[id(group)] = group
+    new = type(obj).__new__(type(obj))
+    memo[id(obj)] = new
+    for key, value in obj.__dict__.items():
+        setattr(new, key, copy.deepcopy(value, memo))
+    return new

@@ -22,7 +22,6 @@ int32 otherwise): ``blocks x min(k, components) x (value size + index size)`` by
 """
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from typing import Any, Callable
@@ -31,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gradwise.core.collectives import Traffic, all_gather
+from gradwise.core.collectives import Traffic, all_gather, deepcopy_on_group
 from gradwise.core.params import DTensor
 from gradwise.distributed.dct import ChunkedDCT
 
@@ -183,12 +182,7 @@ class DeMo(torch.optim.Optimizer):
 
     def __deepcopy__(self, memo: dict) -> "DeMo":
         """A copy with its own tensors, on the same process group (a group is not copied)."""
-        memo[id(self.process_group)] = self.process_group
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        for key, value in self.__dict__.items():
-            setattr(new, key, copy.deepcopy(value, memo))
-        return new
+        return deepcopy_on_group(self, memo, self.process_group)
 
     def __repr__(self) -> str:
         group = self.defaults
