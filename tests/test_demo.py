@@ -323,9 +323,11 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
         gradwise.DeMo(_ConvNet().parameters(), **kwargs)
 
 
-def test_an_integer_parameter_is_refused():
+def test_an_integer_parameter_and_a_second_device_are_refused():
     with pytest.raises(ValueError, match=r"parameter 1 has dtype torch.int64"):
         gradwise.DeMo([torch.nn.Parameter(torch.ones(2)), torch.ones(2, dtype=torch.long)])
+    with pytest.raises(ValueError, match=r"parameter 1 is on meta, parameter 0 on cpu: DeMo sends one buffer"):
+        gradwise.DeMo([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, device="meta"))])
 
 
 def test_every_component_sent_without_momentum_or_sign_is_sgd():

@@ -75,6 +75,10 @@ class DeMo(torch.optim.Optimizer):
                                           " replicas (one full copy per worker), not FSDP shards")
             if not p.is_floating_point():
                 raise ValueError(f"parameter {i} has dtype {p.dtype}: DeMo steps floating-point parameters")
+            if p.device != self.param_groups[0]["params"][0].device:
+                raise ValueError(f"parameter {i} is on {p.device}, parameter 0 on"
+                                 f" {self.param_groups[0]['params'][0].device}: DeMo sends one buffer per step,"
+                                 " from one device")
         self.chunk, self.topk, self.sign = chunk, topk, sign
         self.process_group = process_group
         self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
