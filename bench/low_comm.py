@@ -17,6 +17,7 @@ that every row trains, not a comparison of quality: a few steps only).
 """
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -82,6 +83,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         dist.all_reduce(mean_loss)
         results[name] = {"bytes": last, "loss": mean_loss.item() / world,
                          "parameters": sum(p.numel() for p in model.parameters())}
+        # DDP and its comm hook freed now, in this thread: garbage-collected in a gloo thread, they abort it
+        del module, optimizer, sent
+        gc.collect()
         dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(results))

@@ -18,6 +18,7 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
 from __future__ import annotations
 
 import copy
+import gc
 import io
 
 import numpy as np
@@ -269,6 +270,11 @@ def _case_powersgd_reference(rank: int) -> None:
     assert counted.comm_stats == {"collectives": 2 + 3 * 20, "bytes_sent": 2 * plain + 20 * compressed,
                                   "all_reduce_bytes": 2 * plain + 20 * compressed, "steps": 22,
                                   "bytes_sent_per_step": (2 * plain + 20 * compressed) / 22}, counted.comm_stats
+    # free DDP (its reducer, comm hook and their futures) now, in the main thread, while the process group
+    # lives: left to a later garbage collection it was once freed in a gloo thread, which then joined itself
+    # ("terminate called ... Resource deadlock avoided", the rank killed by SIGABRT)
+    del ddp, counted, optimizer
+    gc.collect()
 
 
 CASES = {"demo reference": _case_demo_reference, "demo resume": _case_demo_resume, "demo bytes": _case_demo_bytes,
