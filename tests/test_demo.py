@@ -300,6 +300,7 @@ def outcomes(tmp_path_factory) -> dict:
     return spawn_failing_on_purpose(_worker, WORLD_SIZE, tmp_path_factory.mktemp("demo"))
 
 
+@pytest.mark.slow
 @needs_gloo
 @pytest.mark.parametrize("case", list(CASES))
 def test_on_two_gloo_ranks(outcomes, case):
@@ -307,6 +308,7 @@ def test_on_two_gloo_ranks(outcomes, case):
     assert not failures, failures
 
 
+@pytest.mark.slow
 @needs_gloo
 def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     assert_stopped_with_error(outcomes, "worker 1 fails on purpose", "demo.py")
