@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "gradwise.by_name": ("create", "optimizer_class", "optimizer_names"),
     "gradwise.core.fused_backward": ("fused_backward",),
-    "gradwise.distributed": ("DiLoCo",),
+    "gradwise.distributed": ("DeMo", "DiLoCo"),
     "gradwise.core.hyper": ("Hyper",),
     "gradwise.core.optimizer": ("Optimizer",),
     "gradwise.core.transform": ("Chain", "Context", "Transform", "chain"),
@@ -75,7 +75,7 @@ __all__ += ["NorMuon", "scale_by_neuron_second_moment"]
 __all__ += ["SPAM", "AdamC"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
-__all__ += ["DiLoCo"]
+__all__ += ["DeMo", "DiLoCo"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,9 +8,11 @@ which every rank is killed. ``body`` must be importable by name (a module-level 
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+import traceback
 import warnings
 from datetime import timedelta
 from typing import Callable
@@ -92,3 +94,63 @@ def labelled(error: BaseException, rank: int, case: str) -> None:
     """Name the rank and case in the traceback the test re-raises."""
     if hasattr(error, "add_note"):
         error.add_note(f"(rank {rank}, case {case})")
+
+
+# --------------------------------------------------------------------------- many cases in one spawn
+def run_cases(cases: dict[str, Callable[[int], None]], rank: int, directory: str) -> None:
+    """Every case in the same order on every rank, a barrier after each; each rank's outcomes ("ok" or
+    the traceback) written to ``rank<r>.json`` in ``directory``."""
+    outcomes = {}
+    for name, case in cases.items():
+        try:
+            case(rank)
+            outcomes[name] = "ok"
+        except Exception as error:
+            labelled(error, rank, name)
+            outcomes[name] = "".join(traceback.format_exception(error))
+        dist.barrier()
+    with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
+        json.dump(outcomes, f)
+
+
+def raise_on_purpose(directory: str, message: str) -> None:
+    """Note the time, then raise ``message``: the spawn's last act, to see the other ranks stopped."""
+    with open(os.path.join(directory, "raised_at"), "w") as f:
+        f.write(repr(time.time()))
+    raise RuntimeError(message)
+
+
+def went_on(directory: str, what: str) -> None:
+    """Rank 0 got past the collective the raising rank never joined (it must not)."""
+    with open(os.path.join(directory, "rank0_went_on"), "w") as f:
+        f.write(what)
+
+
+def spawn_failing_on_purpose(worker: Callable, world_size: int, directory) -> dict:
+    """Spawn ``worker`` (which ends in ``run_cases`` then ``raise_on_purpose``); each rank's outcomes, the
+    failure the spawn reported, how long after the raise it returned, and whether rank 0 went on."""
+    with pytest.raises(pytest.fail.Exception) as failed:
+        spawn(worker, world_size, str(directory))
+    returned = time.time()
+    ranks = []
+    for rank in range(world_size):
+        with open(directory / f"rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    raised_at = float((directory / "raised_at").read_text())
+    return {"ranks": ranks, "failure": str(failed.value), "stopped_after_s": returned - raised_at,
+            "rank0_went_on": (directory / "rank0_went_on").exists()}
+
+
+def case_failures(outcomes: dict, case: str) -> str:
+    """Each rank's traceback of ``case``, or "" if it passed on every rank."""
+    return "\n".join(f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes["ranks"]) if o[case] != "ok")
+
+
+def assert_stopped_with_error(outcomes: dict, message: str, source: str) -> None:
+    """The spawn failed with the raising rank's ``message`` or with rank 0's collective (in ``source``'s
+    ``step``) failing on it, rank 0 went no further, and it ended well before gloo's collective timeout."""
+    failure = outcomes["failure"]
+    # whichever rank the harness hears from first (the raising rank's group closes as its error unwinds)
+    assert message in failure or ("Process 0" in failure and source in failure and "in step" in failure), failure
+    assert not outcomes["rank0_went_on"]
+    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]

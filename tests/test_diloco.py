@@ -7,13 +7,13 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   Nesterov): the mean of the workers' steps is the step on the mean gradient. Bit for bit where the
   arithmetic is exact (a quadratic on small dyadic numbers: every sum and halving exact), to float32
   rounding on an MLP;
-* **simulation**: the workers simulated one after the other in this process, from the paper's rule written
-  out in ``tests/references/diloco.py`` (pseudo-gradient = synced copy minus the worker's parameters, averaged, then the outer Nesterov
-  ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside against
-  torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered fragments
-  and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
-  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit; the outer step a
-  whole phase late, delayed and eager (Kale et al. 2025);
+* **simulation**: the workers simulated one after the other in this process, from the paper's rule written out
+  in ``tests/references/diloco.py`` (pseudo-gradient = synced copy minus the worker's parameters, averaged, then
+  the outer Nesterov ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside
+  against torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered
+  fragments and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
+  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit; the outer step a whole
+  phase late, delayed and eager (Kale et al. 2025);
 * **resume**: ``state_dict`` mid-phase (once with a sync under way) through ``torch.save``, loaded into a
   new model and DiLoCo, and a ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically
   (the sent bytes too);
@@ -27,18 +27,22 @@ from __future__ import annotations
 import copy
 import functools
 import io
-import json
 import math
-import os
-import time
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import gradwise
-from tests.distributed_harness import COLLECTIVE_TIMEOUT_S, labelled, needs_gloo, spawn
+from tests.distributed_harness import (
+    assert_stopped_with_error,
+    case_failures,
+    needs_gloo,
+    raise_on_purpose,
+    run_cases,
+    spawn_failing_on_purpose,
+    went_on,
+)
 from tests.references.diloco import simulate, simulate_stale
 
 WORLD_SIZE = 2
@@ -257,63 +261,34 @@ CASES = {"data-parallel": _case_data_parallel, "simulation": _case_simulation, "
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:
-    """Every case in the same order on every rank, each outcome recorded; then rank 1 raises mid-step."""
-    outcomes = {}
-    for name, case in CASES.items():
-        try:
-            case(rank)
-            outcomes[name] = "ok"
-        except Exception as error:
-            labelled(error, rank, name)
-            outcomes[name] = "".join(traceback.format_exception(error))
-        dist.barrier()
-    with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
-        json.dump(outcomes, f)
+    """Every case in the same order on every rank; then rank 1 raises mid-step."""
+    run_cases(CASES, rank, directory)
     model = _mlp()
     diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=1)
     _backward(model, 0, rank)
     if rank == 1:
-        with open(os.path.join(directory, "raised_at"), "w") as f:
-            f.write(repr(time.time()))
-        raise RuntimeError("worker 1 fails on purpose before its sync")
+        raise_on_purpose(directory, "worker 1 fails on purpose before its sync")
     diloco.step()  # waits in the all-reduce for worker 1, which never comes
-    with open(os.path.join(directory, "rank0_went_on"), "w") as f:
-        f.write("the all-reduce returned without worker 1")
+    went_on(directory, "the all-reduce returned without worker 1")
 
 
 # --------------------------------------------------------------------------- the tests
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict:
     """Each rank's outcome of every case, and how the failing worker ended the spawn."""
-    directory = tmp_path_factory.mktemp("diloco")
-    with pytest.raises(pytest.fail.Exception) as failed:
-        spawn(_worker, WORLD_SIZE, str(directory))
-    returned = time.time()
-    ranks = []
-    for rank in range(WORLD_SIZE):
-        with open(directory / f"rank{rank}.json") as f:
-            ranks.append(json.load(f))
-    raised_at = float((directory / "raised_at").read_text())
-    return {"ranks": ranks, "failure": str(failed.value), "stopped_after_s": returned - raised_at,
-            "rank0_went_on": (directory / "rank0_went_on").exists()}
+    return spawn_failing_on_purpose(_worker, WORLD_SIZE, tmp_path_factory.mktemp("diloco"))
 
 
 @needs_gloo
 @pytest.mark.parametrize("case", list(CASES))
 def test_on_two_gloo_ranks(outcomes, case):
-    failures = [f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes["ranks"]) if o[case] != "ok"]
-    assert not failures, "\n".join(failures)
+    failures = case_failures(outcomes, case)
+    assert not failures, failures
 
 
 @needs_gloo
 def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
-    failure = outcomes["failure"]
-    # whichever rank the harness hears from first: worker 1's error, or worker 0's all-reduce failing on it
-    # (worker 1's process group closes as its error unwinds)
-    assert "worker 1 fails on purpose" in failure or ("Process 0" in failure and "diloco.py" in failure
-                                                      and "in step" in failure), failure
-    assert not outcomes["rank0_went_on"]
-    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
+    assert_stopped_with_error(outcomes, "worker 1 fails on purpose", "diloco.py")
 
 
 # --------------------------------------------------------------------------- one process, no spawn

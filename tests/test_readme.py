@@ -73,6 +73,20 @@ def diloco_synced_twice_and_sent_nothing(scope, code):
     assert sum(p.numel() * p.element_size() for p in model.parameters()) == 272
 
 
+@claim("gradwise.DeMo(model.parameters(), lr=1e-3, chunk=64, topk=32, weight_decay=0.1)")
+def demo_sent_nothing_alone_and_the_text_names_its_bytes(scope, code):
+    """One process sends nothing and every step moves the weights; the 576 and 33024 bytes the text names
+    are this model's blocks x 32 components x (4 + 2) bytes, and its gradients' (2 gloo ranks:
+    tests/test_demo.py)."""
+    from gradwise.distributed.dct import ChunkedDCT
+
+    optimizer, model = scope["optimizer"], scope["model"]
+    assert optimizer.comm_stats == {"collectives": 0, "bytes_sent": 0, "steps": 10, "bytes_sent_per_step": 0.0}
+    assert sum(ChunkedDCT.of(p, 64).blocks * 32 * 6 for p in model.parameters()) == 576
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == 33024
+    assert all(optimizer.state[p]["momentum"].abs().max() > 0 for p in model.parameters())
+
+
 @claim("ScheduleLR(optimizer, warmup(100, start=0.01) + cosine(900))")
 def schedule_warms_up_then_decays_to_zero(scope, code):
     optimizer, scheduler = scope["optimizer"], scope["scheduler"]

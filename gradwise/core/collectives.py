@@ -2,12 +2,14 @@
 
 ``Traffic`` counts, per kind of collective, the calls and the bytes this rank hands to other ranks:
 an all-reduce counts its payload once (``tensor.nbytes``, whatever algorithm the backend runs), an
-all-to-all the chunks it addresses to other ranks (not the one it keeps). These are the figures
+all-gather this rank's contribution once (``tensor.nbytes``), an all-to-all the chunks it addresses to
+other ranks (not the one it keeps). These are the figures
 ``gradwise estimate --world-size`` predicts and ``optimizer.comm_stats`` reports; FSDP2's own
 all-gather and reduce-scatter of parameters and gradients are not the optimizer's and are not counted.
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -49,6 +51,15 @@ def all_reduce_started(tensor: Tensor, group, traffic: Traffic):
     return work
 
 
+def all_gather(tensor: Tensor, group, traffic: Traffic) -> list[Tensor]:
+    """Every rank's ``tensor`` (one shape and dtype on all ranks), in rank order; counted as
+    ``all_gather``, this rank's ``tensor.nbytes``."""
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, tensor, group=group)
+    traffic.record("all_gather", tensor.nbytes)
+    return gathered
+
+
 def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) -> list[Tensor]:
     """Send ``chunks[r]`` (1-D, one dtype) to rank r of ``group``; returns what each rank sent here,
     ``sizes[r]`` elements from rank r."""
@@ -59,3 +70,14 @@ def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) 
                            input_split_sizes=[c.numel() for c in chunks], group=group)
     traffic.record("all_to_all", sum(c.nbytes for r, c in enumerate(chunks) if r != rank))
     return list(received.split(sizes))
+
+
+def deepcopy_on_group(obj, memo: dict, group):
+    """``copy.deepcopy(obj)`` for an object holding a process group: its own copies of everything else,
+    the same ``group`` (a process group cannot be copied)."""
+    memo[id(group)] = group
+    new = type(obj).__new__(type(obj))
+    memo[id(obj)] = new
+    for key, value in obj.__dict__.items():
+        setattr(new, key, copy.deepcopy(value, memo))
+    return new

@@ -36,7 +36,6 @@ Every byte this worker sends goes through ``gradwise.core.collectives`` and is c
 """
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gradwise.core.collectives import Traffic, all_reduce_started
+from gradwise.core.collectives import Traffic, all_reduce_started, deepcopy_on_group
 from gradwise.core.params import DTensor
 
 
@@ -323,12 +322,7 @@ class DiLoCo:
         a sync under way is waited for first."""
         for pending in self.pending:
             pending.wait()
-        memo[id(self.process_group)] = self.process_group
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        for key, value in self.__dict__.items():
-            setattr(new, key, copy.deepcopy(value, memo))
-        return new
+        return deepcopy_on_group(self, memo, self.process_group)
 
     def __repr__(self) -> str:
         dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
