@@ -37,7 +37,8 @@ from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain, uses
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
-_REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups")
+_REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups", "_constants", "_chains", "_keys_of",
+            "_hooks_of", "_expected_state")
 
 
 class Optimizer(PhasedStep, torch.optim.Optimizer):
@@ -194,6 +195,7 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
                                                          for g in state_dict["param_groups"]]}
         state_dict = checked_load(self, state_dict)
         super().load_state_dict(state_dict)
+        self.__dict__.pop("_constants", None)  # its buffers are kept per group, and the groups are new
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
             for key, value in group_defaults(self).items():
                 group.setdefault(key, value)
@@ -263,15 +265,23 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
-        self._check_inputs()
-        if not self._run_step(work):
-            self.skipped_steps += 1
+        self._chains = {}  # each group's chain, resolved once in this step (``chain_of``)
+        try:
+            self._check_inputs()
+            if not self._run_step(work):
+                self.skipped_steps += 1
+        finally:
+            self._chains = None
         return loss
 
     def step_parameters(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """Step only ``params`` of ``group`` (each with its gradient, which the caller has checked): what
         ``fused_backward`` runs as each gradient is made."""
-        self._run_step([(group, params)])
+        self._chains = {}
+        try:
+            self._run_step([(group, params)])
+        finally:
+            self._chains = None
 
     # ----------------------------------------------------------------- introspection
     @property
