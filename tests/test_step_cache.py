@@ -4,7 +4,9 @@
 (``state_check.check_hyperparameters``); every change must still be refused before any write: a list
 changed in place, a value of another type that compares equal (0 == False), a tensor changed in place,
 a group replaced. The eager link math runs as foreach kernels over lists (``core/lists.py``), which must
-give the bits of one op per tensor in the same order (AdamW's: torch.optim's).
+give the bits of one op per tensor in the same order (AdamW's: torch.optim's). The packed constants live in
+buffers kept between steps (``core/constants.py``), one per group and bucket, rewritten each step and made anew
+when their dtype changes; each group's chain is resolved once a step, so a group's change reaches the next step.
 """
 from __future__ import annotations
 
@@ -196,9 +198,9 @@ def test_a_group_that_turns_amsgrad_on_runs_its_new_chain():
     for params, opt in pairs:
         opt.param_groups[0]["amsgrad"] = True
         opt.state[params[0]]["max_exp_avg_sq"] = torch.zeros(6)
-    mine, theirs = pairs[0][1], pairs[1][1]
-    mine.state[pairs[0][0][0]]["adam.max_exp_avg_sq"] = mine.state[pairs[0][0][0]].pop("max_exp_avg_sq")
+    mine, theirs = (opt.state[params[0]] for params, opt in pairs)
+    mine["adam.max_exp_avg_sq"] = mine.pop("max_exp_avg_sq")
     for _ in range(20):
         _step_both(pairs, [torch.randn(6, generator=gen)])
         _same(pairs)
-    assert torch.equal(mine.state[pairs[0][0][0]]["adam.max_exp_avg_sq"], theirs.state[pairs[1][0][0]]["max_exp_avg_sq"])
+    assert torch.equal(mine["adam.max_exp_avg_sq"], theirs["max_exp_avg_sq"])
