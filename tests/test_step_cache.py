@@ -4,7 +4,9 @@
 (``state_check.check_hyperparameters``); every change must still be refused before any write: a list
 changed in place, a value of another type that compares equal (0 == False), a tensor changed in place,
 a group replaced. The eager link math runs as foreach kernels over lists (``core/lists.py``), which must
-give the bits of one op per tensor in the same order (AdamW's: torch.optim's).
+give the bits of one op per tensor in the same order (AdamW's: torch.optim's). The packed constants live in
+buffers kept between steps (``core/constants.py``), one per group and bucket, rewritten each step and made anew
+when their dtype changes; each group's chain is resolved once a step, so a group's change reaches the next step.
 """
 from __future__ import annotations
 
@@ -130,3 +132,75 @@ def test_eager_adamw_gives_the_bits_of_one_op_per_tensor(dtype, amsgrad, maximiz
     for p, q, st in zip(mine, params, states):
         assert torch.equal(p.detach(), q)
         assert all(torch.equal(opt.state[p][k], v) for k, v in st.items())
+
+
+def _pair(params, **hyper):
+    """gradwise.AdamW (eager) and torch.optim.AdamW's for-loop path on copies of ``params``."""
+    mine = [p.detach().clone().requires_grad_() for p in params]
+    theirs = [p.detach().clone().requires_grad_() for p in params]
+    return (mine, gradwise.AdamW(mine, compile=False, **hyper)), (theirs, torch.optim.AdamW(theirs, foreach=False,
+                                                                                            **hyper))
+
+
+def _step_both(pairs, grads):
+    for params, opt in pairs:
+        for p, g in zip(params, grads):
+            p.grad = None if g is None else g.clone().to(p.dtype)
+        opt.step()
+
+
+def _same(pairs):
+    (mine, _), (theirs, _) = pairs
+    assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(mine, theirs))
+
+
+def test_constants_kept_between_steps_follow_a_schedule():
+    # the packed constants are rewritten in place each step (core/constants.py): a scheduler's lr and betas
+    # reach every step, with torch's bits
+    gen = torch.Generator().manual_seed(2)
+    pairs = _pair([torch.randn(5, 3, generator=gen), torch.randn(7, generator=gen)], lr=0.01, weight_decay=0.1)
+    for step in range(20):
+        for _, opt in pairs:
+            opt.param_groups[0].update(lr=0.01 / (step + 1), betas=(0.9 - step * 0.01, 0.999))
+        _step_both(pairs, [torch.randn(5, 3, generator=gen), torch.randn(7, generator=gen)])
+        _same(pairs)
+
+
+def test_buckets_of_one_group_at_different_steps_keep_their_own_constants():
+    # a parameter without a gradient at first is a step behind: its bucket's constants are not the others'
+    gen = torch.Generator().manual_seed(3)
+    pairs = _pair([torch.randn(4, generator=gen), torch.randn(6, generator=gen)], lr=0.1)
+    _step_both(pairs, [torch.randn(4, generator=gen), None])
+    for _ in range(20):
+        _step_both(pairs, [torch.randn(4, generator=gen), torch.randn(6, generator=gen)])
+        _same(pairs)
+
+
+def test_a_parameter_made_float64_gets_float64_constants():
+    # same group, same bucket slot, another dtype: a new buffer (float32 constants would round lr and betas)
+    gen = torch.Generator().manual_seed(4)
+    pairs = _pair([torch.randn(8, generator=gen)], lr=0.01, betas=(0.9, 0.99))
+    for _ in range(3):
+        _step_both(pairs, [torch.randn(8, generator=gen)])
+    for params, opt in pairs:
+        params[0].data = params[0].data.double()
+        opt.state.clear()
+    for _ in range(20):
+        _step_both(pairs, [torch.randn(8, dtype=torch.float64, generator=gen)])
+        _same(pairs)
+
+
+def test_a_group_that_turns_amsgrad_on_runs_its_new_chain():
+    # each group's chain is resolved once a step (Optimizer.chain_of), not once for good
+    gen = torch.Generator().manual_seed(5)
+    pairs = _pair([torch.randn(6, generator=gen)], lr=0.01)
+    _step_both(pairs, [torch.randn(6, generator=gen)])
+    for params, opt in pairs:
+        opt.param_groups[0]["amsgrad"] = True
+        opt.state[params[0]]["max_exp_avg_sq"] = torch.zeros(6)
+    mine, theirs = (opt.state[params[0]] for params, opt in pairs)
+    mine["adam.max_exp_avg_sq"] = mine.pop("max_exp_avg_sq")
+    for _ in range(20):
+        _step_both(pairs, [torch.randn(6, generator=gen)])
+        _same(pairs)
+    assert torch.equal(mine["adam.max_exp_avg_sq"], theirs["max_exp_avg_sq"])

@@ -48,7 +48,7 @@ def run_eager(
         out = None if outputs is None else outputs[i]
         if phase.elementwise and 0 < p.numel() <= EAGER_CHUNK:
             # a small tensor is its own piece: no aliasing, no slicing, so its layout does not matter
-            pieces = [(p, g, dict(state), seed, base, out)]
+            pieces = [(p, g, state, seed, base, out)]  # (run_chain only reads the dict)
         elif not _sliceable(phase, p, g, state):
             whole.append(i)
             continue

@@ -29,12 +29,10 @@ logger = logging.getLogger("gradwise")
 Layout = tuple[tuple[str, str, int], ...]
 
 
-def pack(hyper: Mapping[str, Any], scalars: Mapping[str, float], dtype: torch.dtype, device) -> tuple[Tensor, Layout]:
-    """All numeric hyperparameters and per-step scalars in one 1-D tensor, plus its layout.
-
-    One tensor (one host-to-device copy, one guard) instead of a dozen 0-d tensors: the compiled
-    step's call overhead is paid per parameter, so its inputs are kept few.
-    """
+def flatten(hyper: Mapping[str, Any], scalars: Mapping[str, float]) -> tuple[Layout, list[float]]:
+    """The layout and the numbers of the one 1-D tensor that carries all numeric hyperparameters and per-step
+    scalars (``ConstantBuffers.pack``, ``core/constants.py``): one tensor (one host-to-device copy, one guard)
+    instead of a dozen 0-d tensors, as the compiled step's call overhead is paid per parameter."""
     layout, flat = [], []
     for kind, entries in (("hyper", hyper), ("scalar", scalars)):
         for name, value in entries.items():
@@ -44,7 +42,7 @@ def pack(hyper: Mapping[str, Any], scalars: Mapping[str, float], dtype: torch.dt
             else:
                 layout.append((kind, name, 0))
                 flat.append(float(value))
-    return torch.tensor(flat, dtype=dtype, device=device), tuple(layout)
+    return tuple(layout), flat
 
 
 def with_totals(values: Tensor, layout: Layout, totals: Mapping[str, Tensor]) -> tuple[Tensor, Layout]:
@@ -57,8 +55,12 @@ def with_totals(values: Tensor, layout: Layout, totals: Mapping[str, Tensor]) ->
 
 
 def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The inverse of ``pack`` and ``with_totals``: ``(hyper, scalars, reduced)`` dicts of 0-d tensors
-    (tuples for tuple entries)."""
+    """The inverse of ``ConstantBuffers.pack`` and ``with_totals``: ``(hyper, scalars, reduced)`` dicts of 0-d tensors
+    (tuples for tuple entries); for a buffer that ``keep_unpacked`` remembers, its views made once."""
+    if not torch.compiler.is_compiling():
+        kept = _UNPACKED.get(id(values))
+        if kept is not None and kept[0] is values and kept[1] == layout:
+            return kept[2]
     out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}, "reduced": {}}
     # eagerly, one call for every 0-d view instead of one indexing per entry (traced: the indexing)
     entries = values if torch.compiler.is_compiling() else values.unbind()
@@ -71,6 +73,24 @@ def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, An
             out[kind][name] = entries[i]
             i += 1
     return out["hyper"], out["scalar"], out["reduced"]
+
+
+#: id of a buffer rewritten in place every step (``core/constants.py``) -> (it, its layout, its unpacked views)
+_UNPACKED: dict[int, tuple[Tensor, Layout, tuple]] = {}
+
+
+def keep_unpacked(values: Tensor, layout: Layout) -> None:
+    """Remember ``unpack(values, layout)`` until ``forget_unpacked(values)``: the views read what the
+    buffer holds at each step, so they are made once."""
+    result = unpack(values, layout)
+    _UNPACKED[id(values)] = (values, layout, result)
+
+
+def forget_unpacked(values: Tensor) -> None:
+    """Drop what ``keep_unpacked`` remembers of ``values``."""
+    kept = _UNPACKED.get(id(values))
+    if kept is not None and kept[0] is values:
+        del _UNPACKED[id(values)]
 
 
 def run_chain(

@@ -34,10 +34,11 @@ from gradwise.core.state_check import (
 from gradwise.core.stepping import PhasedStep
 from gradwise.core.storage import optimizers_taking_state, storage_for
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
-from gradwise.core.transform import Transform, chain, uses
+from gradwise.core.transform import Transform, chain
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
-_REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups")
+_REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups", "_constants", "_chains", "_keys_of",
+            "_hooks_of", "_expected_state")
 
 
 class Optimizer(PhasedStep, torch.optim.Optimizer):
@@ -194,6 +195,7 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
                                                          for g in state_dict["param_groups"]]}
         state_dict = checked_load(self, state_dict)
         super().load_state_dict(state_dict)
+        self.__dict__.pop("_constants", None)  # its buffers are kept per group, and the groups are new
         for group in self.param_groups:  # a checkpoint from before an option existed: its default
             for key, value in group_defaults(self).items():
                 group.setdefault(key, value)
@@ -244,11 +246,10 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         return self.train(False)
 
     def _has_modes(self) -> bool:
-        return uses(self.transform, "set_mode")
+        return self._uses(self.transform, "set_mode")
 
     # ----------------------------------------------------------------- the step
     @torch.compiler.disable
-    @torch.no_grad()
     def step(self, closure=None):
         """Apply one step of the chain to every parameter that has a gradient (``core/stepping.py``).
 
@@ -263,15 +264,26 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         work = [(group, [p for p in group["params"] if p.grad is not None]) for group in self.param_groups]
-        self._check_inputs()
-        if not self._run_step(work):
-            self.skipped_steps += 1
+        self._chains = {}  # each group's chain, resolved once in this step (``chain_of``)
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # as torch.no_grad(), without its few microseconds a call
+        try:
+            self._check_inputs()
+            if not self._run_step(work):
+                self.skipped_steps += 1
+        finally:
+            torch._C._set_grad_enabled(grad_was)
+            self._chains = None
         return loss
 
     def step_parameters(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """Step only ``params`` of ``group`` (each with its gradient, which the caller has checked): what
         ``fused_backward`` runs as each gradient is made."""
-        self._run_step([(group, params)])
+        self._chains = {}
+        try:
+            self._run_step([(group, params)])
+        finally:
+            self._chains = None
 
     # ----------------------------------------------------------------- introspection
     @property

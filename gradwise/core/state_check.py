@@ -88,34 +88,57 @@ def _fingerprint(values) -> tuple | None:
 
 def check_step(optimizer) -> None:
     """Everything a step can check before its first write, for every group: hyperparameters, each
-    gradient's layout, whether the chain accepts each parameter, and the shapes of existing state."""
+    gradient's layout, whether the chain accepts each parameter, and the shapes of existing state.
+
+    A step of a small model spends most of its time here and in the engine's Python, so the loop over
+    parameters does the least each needs: one test of the gradient's layout (the error comes from
+    ``_refuse_gradient``), and the state's shapes against the expected ones of the parameter's shape
+    and dtype, looked up once per group and layout."""
     last = optimizer.__dict__.get("_checked_groups", ())
     checked = [check_hyperparameters(optimizer, group, last[index] if index < len(last) else None)
                for index, group in enumerate(optimizer.param_groups)]
+    states = optimizer.state
+    chain_of = getattr(optimizer, "chain_of", optimizer.transform.for_group)
     for index, group in enumerate(optimizer.param_groups):
-        transform = optimizer.transform.for_group(group)
-        resolved = (transform, shape_signature(optimizer, group))
+        resolved = None
+        expected_of: dict[tuple, Spec] = {}  # (shape, dtype) -> this group's expected state
         for p in group["params"]:
-            if p.grad is None:
-                continue
             g = p.grad
-            if g.is_sparse:
-                raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need"
-                                " dense gradients (use torch.optim.SparseAdam for sparse embeddings)")
-            if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-                raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
-                                 f" {g.dtype} on {g.device};"
-                                 f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-            if isinstance(p, DTensor):
-                sharding(p, param_label(group, p, index))  # refuses placements gradwise does not step
-            expected = expected_state(optimizer, p, group, resolved)
-            for key, value in optimizer.state.get(p, {}).items():
-                if key in expected and isinstance(value, Tensor) and value.shape != expected[key][0]:
+            if g is None:
+                continue
+            shape, dtype = p.shape, p.dtype
+            if g.is_sparse or g.shape != shape or g.dtype != dtype or g.device != p.device or isinstance(p, DTensor):
+                _refuse_gradient(group, p, g, index)
+            expected = expected_of.get((shape, dtype))
+            if expected is None:  # ``init`` on the meta device: it may refuse the parameter
+                resolved = resolved or (chain_of(group), shape_signature(optimizer, group))
+                expected = expected_of[shape, dtype] = expected_state(optimizer, p, group, resolved)
+            own = states.get(p)
+            if not own:
+                continue
+            for key, value in own.items():
+                want = expected.get(key)
+                if want is not None and isinstance(value, Tensor) and value.shape != want[0]:
                     raise ValueError(f"{param_label(group, p, index)} has state {key!r} of shape"
-                                     f" {tuple(value.shape)}; expected shape {tuple(expected[key][0])}")
-                if key == "step" and not (isinstance(value, Tensor) and value.numel() == 1):
-                    raise TypeError(f"{param_label(group, p, index)} has state 'step'={value!r}; expected a 0-d tensor")
+                                     f" {tuple(value.shape)}; expected shape {tuple(want[0])}")
+            step = own.get("step")
+            if step is not None and not (isinstance(step, Tensor) and step.numel() == 1):
+                raise TypeError(f"{param_label(group, p, index)} has state 'step'={step!r}; expected a 0-d tensor")
     optimizer._checked_groups = checked  # after every check passed: a refused group is checked again
+
+
+def _refuse_gradient(group: Mapping[str, Any], p: Tensor, g: Tensor, index: int) -> None:
+    """Raise for a gradient gradwise cannot step with (sparse, or not shaped, typed and placed as its
+    parameter), and for a DTensor placed as gradwise does not step it; else return."""
+    if g.is_sparse:
+        raise TypeError(f"{param_label(group, p, index)} has a sparse gradient; gradwise optimizers need"
+                        " dense gradients (use torch.optim.SparseAdam for sparse embeddings)")
+    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+        raise ValueError(f"{param_label(group, p, index)} has a gradient of shape {tuple(g.shape)},"
+                         f" {g.dtype} on {g.device};"
+                         f" expected the parameter's: shape {tuple(p.shape)}, {p.dtype} on {p.device}")
+    if isinstance(p, DTensor):
+        sharding(p, param_label(group, p, index))  # refuses placements gradwise does not step
 
 
 def refuse_nonfinite(optimizer, work, culprit) -> None:

@@ -18,16 +18,18 @@ import torch
 from torch import Tensor
 
 from gradwise.core import lists
+from gradwise.core.constants import ConstantBuffers
 from gradwise.core.eager import run_eager
-from gradwise.core.executor import CompiledStep, Layout, pack, rounding_rows, run_chain, unpack, with_totals
+from gradwise.core.executor import CompiledStep, Layout, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.hashing import seed
-from gradwise.core.params import local
+from gradwise.core.params import DTensor, local
 from gradwise.core.phases import Phase, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
 from gradwise.core.sharded_step import ShardedStep, shard_group
 from gradwise.core.sharding import Sharding, sharding
 from gradwise.core.state_check import refuse_nonfinite
 from gradwise.core.state_keys import has_buffer
+from gradwise.core.storage import PlainStorage
 from gradwise.core.transform import Context, state_dtype, uses
 
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
@@ -82,8 +84,8 @@ class PhasedStep(ShardedStep):
         buckets: list[Bucket] = []
         try:
             for group, params in work:
-                for same in _buckets(params):
-                    buckets += self._prepare(group, plans[id(group)], same)
+                for slot, same in enumerate(_buckets(params)):
+                    buckets += self._prepare(group, plans[id(group)], same, slot)
             over = shard_group(buckets)
             for r in range(max((len(b.phases) for b in buckets), default=0)):
                 active = [b for b in buckets if r < len(b.phases)]
@@ -106,21 +108,26 @@ class PhasedStep(ShardedStep):
             raise
         return True
 
-    def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor]) -> list[Bucket]:
-        transform = self.transform.for_group(group)
+    def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor],
+                 slot: int = 0) -> list[Bucket]:
+        """The buckets of ``params`` (one device, dtype and kind of tensor, the group's ``slot``-th such
+        set): state made where missing, counters stepped, each step count's constants packed."""
+        transform = self.chain_of(group)
+        sharded = sharding(params[0]) is not None  # alike in the set (``_buckets``)
         fresh = {id(p) for p in params if p not in self.state}
-        states = [self._state_for(p, group, transform) for p in params]
+        states = self._states_for(params, group, transform, sharded)
         device = params[0].device
         dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
-        advances = uses(transform, "advance")
+        advances = self._uses(transform, "advance")
         # 0-d state that advance() or a link's prepare() writes is put back by a roll back
         writes_0d = advances or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
         saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] \
             if writes_0d else [{} for _ in states]
+        steps = [st["step"] for st in states]
         by_step: dict[int, list[int]] = defaultdict(list)
-        for i, st in enumerate(states):
-            by_step[int(st["step"]) + 1].append(i)
+        for i, count in enumerate(steps):
+            by_step[int(count) + 1].append(i)
         try:  # a link may refuse its step's constants (a schedule of the user's own): nothing is changed yet
             scalars_of = {step: transform.scalars(group, step) for step in by_step}
         except BaseException:
@@ -128,19 +135,58 @@ class PhasedStep(ShardedStep):
                 if id(p) in fresh:
                     self.state.pop(p, None)
             raise
-        lists.add_([st["step"] for st in states], 1)  # one foreach kernel (torch.optim's), not a call per counter
+        lists.add_(steps, 1)  # one foreach kernel (torch.optim's), not a call per counter
+        constants = self.__dict__.setdefault("_constants", ConstantBuffers())
         out = []
-        for step, members in by_step.items():
+        for ordinal, (step, members) in enumerate(by_step.items()):
             scalars = scalars_of[step]
             for i in members if advances else ():
                 transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
-            values, layout = pack(hyper, scalars, dtype, device)
-            layouts = [sharding(params[i]) for i in members]
-            out.append(Bucket(group, phases, [params[i] for i in members], [states[i] for i in members], values,
-                              layout, static, [params[i].grad for i in members],
-                              [params[i] for i in members if id(params[i]) in fresh], [saved[i] for i in members],
-                              sharding=layouts if layouts[0] is not None else None))
+            values, layout = constants.pack((id(group), slot, ordinal), hyper, scalars, dtype, device)
+            whole = len(members) == len(params)
+            chosen = params if whole else [params[i] for i in members]
+            out.append(Bucket(group, phases, chosen, states if whole else [states[i] for i in members], values,
+                              layout, static, [p.grad for p in chosen], [p for p in chosen if id(p) in fresh],
+                              saved if whole else [saved[i] for i in members],
+                              sharding=[sharding(p) for p in chosen] if sharded else None))
         return out
+
+    def _states_for(self, params: list[Tensor], group: dict[str, Any], transform, sharded: bool
+                    ) -> list[dict[str, Tensor]]:
+        """Each parameter's state (``_state_for``), looked up directly where it holds every plain buffer."""
+        if sharded:
+            return [self._state_for(p, group, transform) for p in params]
+        keys = self._state_keys(transform)
+        out = []
+        for p in params:
+            state = self.state.get(p)
+            out.append(state if state is not None and state.keys() >= keys else self._state_for(p, group, transform))
+        return out
+
+    def _state_keys(self, transform) -> frozenset[str]:
+        """The plain keys of a parameter's full state under ``transform`` (``step`` with its buffers)."""
+        cache = self.__dict__.setdefault("_keys_of", {})
+        if transform not in cache:
+            cache[transform] = frozenset((*transform.state, "step"))
+        return cache[transform]
+
+    def _uses(self, transform, hook: str) -> bool:
+        """``uses(transform, hook)``, kept per chain (what a chain declares does not change)."""
+        cache = self.__dict__.setdefault("_hooks_of", {})
+        key = (transform, hook)
+        if key not in cache:
+            cache[key] = uses(transform, hook)
+        return cache[key]
+
+    def chain_of(self, group: dict[str, Any]):
+        """``transform.for_group(group)``, resolved once per group in a step (``step_scope``)."""
+        memo = self.__dict__.get("_chains")
+        if memo is None:
+            return self.transform.for_group(group)
+        entry = memo.get(id(group))
+        if entry is None or entry[0] is not group:
+            entry = memo[id(group)] = (group, self.transform.for_group(group))
+        return entry[1]
 
     def _run_phase(self, bucket: Bucket, phase: Phase) -> list[dict[str, Tensor]]:
         """Run ``phase`` on the bucket; its outputs become the bucket's inputs for the next phase."""
@@ -152,14 +198,15 @@ class PhasedStep(ShardedStep):
             self._move_point(bucket, phase)
             return []
         params, states, inputs = bucket.params, bucket.states, bucket.inputs
+        runner = self._runner(phase)
+        plain_storage = isinstance(self.storage, PlainStorage)  # it holds nothing encoded
         outputs = None if phase.last or not phase.links() else \
-            [torch.empty_like(local(x), dtype=state_dtype(local(p))) if self.storage.is_encoded(st) or
-             self._runner(phase) is not None or phase.elementwise else None
+            [torch.empty_like(local(x), dtype=state_dtype(local(p))) if runner is not None or phase.elementwise
+             or (not plain_storage and self.storage.is_encoded(st)) else None
              for p, x, st in zip(params, inputs, states)]
         values, layout, static = bucket.values, bucket.layout, bucket.static
-        runner = self._runner(phase)
         parts: list[dict[str, Tensor]] = []
-        encoded = [i for i, s in enumerate(states) if self.storage.is_encoded(s)]
+        encoded = [] if plain_storage else [i for i, s in enumerate(states) if self.storage.is_encoded(s)]
         if encoded:
             parts += self.storage.run(phase, [params[i] for i in encoded], [inputs[i] for i in encoded],
                                        [states[i] for i in encoded], [self._position(bucket.key(i)) for i in encoded],
@@ -169,10 +216,14 @@ class PhasedStep(ShardedStep):
         seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]
-        views = [local(params[i]) for i in plain]
-        given = [local(inputs[i]) for i in plain]
         keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
-        own = [{k: local(states[i][k]) for k in keys} for i in plain]
+        if not encoded and not isinstance(params[0], DTensor) and not params[0].is_complex():
+            views, given = params, inputs  # what ``local`` gives for every tensor of the bucket
+            own = [{k: st[k] for k in keys} for st in states]
+        else:
+            views = [local(params[i]) for i in plain]
+            given = [local(inputs[i]) for i in plain]
+            own = [{k: local(states[i][k]) for k in keys} for i in plain]
         if outputs is not None and runner is None and not phase.elementwise and plain:
             # whole tensors, eagerly: the phase's own results are the next phase's inputs, not copied
             kept: list[Tensor] = []
@@ -226,7 +277,7 @@ class PhasedStep(ShardedStep):
     def _plan(self, group: dict[str, Any], sharded: bool = False) -> tuple[Phase, ...]:
         """The phases of the group's chain, made once (compiled graphs are kept per phase); ``sharded``:
         for parameters sharded over ranks."""
-        key = (self.transform.for_group(group), self._compiling(), sharded)
+        key = (self.chain_of(group), self._compiling(), sharded)
         cache = self.__dict__.setdefault("_plans", {})
         if key not in cache:
             cache[key] = plan(*key)
@@ -336,7 +387,7 @@ def _check_rounds(plans) -> None:
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
     groups: dict[tuple, list[Tensor]] = defaultdict(list)
     for p in params:
-        groups[(p.device, p.dtype, type(p), sharding(p) is not None)].append(p)
+        groups[(p.device, p.dtype, type(p), isinstance(p, DTensor) and sharding(p) is not None)].append(p)
     return list(groups.values())
 
 
