@@ -22,6 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
+from gradwise.state.runs import cut_runs, plan_runs, step_run
 from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
@@ -36,6 +37,7 @@ class EncodedState:
         self.nonnegative = frozenset(transform.nonnegative)
         self.weights_like = frozenset(transform.weights_like)
         self._compiled: dict[Phase, CompiledCodedStep] = {}  # one per phase that runs (chains of routes, phases)
+        self._compiled_runs: dict[Phase, CompiledCodedStep] = {}  # the same, on runs of flat blocks
         self._specs: dict[tuple, Specs] = {}
         #: where the collectives of encoding sharded state are counted (set by the optimizer: its ``traffic``)
         self.traffic: Traffic | None = None
@@ -111,10 +113,16 @@ class EncodedState:
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
             shard = LocalShard.of(p, self.traffic)
-            rounding = rounding_rows([seed(step, position, "param")], [0 if shard is None else shard.offset],
-                                     p.device) if rounds_stochastically(static, p.dtype) else None
-            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
-                    None if outputs is None else local(outputs[i]))
+            param_seed = seed(step, position, "param") if rounds_stochastically(static, p.dtype) else None
+            rounding = None if param_seed is None else \
+                rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
+            output = None if outputs is None else local(outputs[i])
+            runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
+            if runs is not None:
+                compiled = self._run_runs(phase, specs, runs, p, inputs[i], plain, parts, seeds, values, layout_,
+                                          static, param_seed, output, compiled, fall_back, parts_out)
+                continue
+            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
@@ -130,6 +138,25 @@ class EncodedState:
             parts_out.append(coded_step(phase, *args))
         return parts_out
 
+    def _run_runs(self, phase: Phase, specs: Specs, runs, p: Tensor, grad: Tensor, plain, parts, seeds: Tensor,
+                  values: Tensor, layout_, static, rounding_seed: int | None, output: Tensor | None, compiled: bool,
+                  fall_back: Callable[[Exception], None], parts_out: list) -> bool:
+        """One parameter's phase on its runs (``gradwise.state.runs``), each compiled while ``compiled``;
+        returns whether the next parameter runs compiled (False once a compile has failed)."""
+        for run in cut_runs(runs, specs, p, grad, plain, parts, rounding_seed, output):
+            args = (specs, *run, seeds, values, layout_, static)
+            if compiled and run[0].numel() >= 2:
+                if phase not in self._compiled_runs:
+                    self._compiled_runs[phase] = CompiledCodedStep(phase, step_run, dynamic=True)
+                try:
+                    parts_out.append(self._compiled_runs[phase](*args))
+                    continue
+                except Exception as error:
+                    fall_back(error)
+                    compiled = False
+            parts_out.append(step_run(phase, *args))
+        return compiled
+
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:
             self._specs[encoded] = tuple((b, codec_from(tag), b not in self.nonnegative) for b, tag in encoded)
@@ -137,8 +164,8 @@ class EncodedState:
 
     @property
     def compile_stats(self) -> tuple[int, float]:
-        return (sum(c.compiles for c in self._compiled.values()),
-                sum(c.compile_seconds for c in self._compiled.values()))
+        steps = [*self._compiled.values(), *self._compiled_runs.values()]
+        return sum(c.compiles for c in steps), sum(c.compile_seconds for c in steps)
 
     # ------------------------------------------------------------- checkpoints
     @staticmethod
