@@ -119,42 +119,34 @@ class EncodedState:
             output = None if outputs is None else local(outputs[i])
             runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
             if runs is not None:
-                compiled = self._run_runs(phase, specs, runs, p, inputs[i], plain, parts, seeds, values, layout_,
-                                          static, param_seed, output, compiled, fall_back, parts_out)
+                for run in cut_runs(runs, specs, p, inputs[i], plain, parts, param_seed, output):
+                    compiled = self._step(self._compiled_runs, step_run, phase, (specs, *run, seeds, values, layout_,
+                                          static), compiled, run[0].numel() < 2, fall_back, parts_out)
                 continue
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
-            if compiled and p.numel() >= 2:
-                if phase not in self._compiled:
-                    self._compiled[phase] = CompiledCodedStep(phase)
-                try:
-                    parts_out.append(self._compiled[phase](*args))
-                    continue
-                except Exception as error:
-                    fall_back(error)
-                    compiled = False
-            parts_out.append(coded_step(phase, *args))
+            compiled = self._step(self._compiled, coded_step, phase, args, compiled, p.numel() < 2, fall_back,
+                                  parts_out)
         return parts_out
 
-    def _run_runs(self, phase: Phase, specs: Specs, runs, p: Tensor, grad: Tensor, plain, parts, seeds: Tensor,
-                  values: Tensor, layout_, static, rounding_seed: int | None, output: Tensor | None, compiled: bool,
-                  fall_back: Callable[[Exception], None], parts_out: list) -> bool:
-        """One parameter's phase on its runs (``gradwise.state.runs``), each compiled while ``compiled``;
-        returns whether the next parameter runs compiled (False once a compile has failed)."""
-        for run in cut_runs(runs, specs, p, grad, plain, parts, rounding_seed, output):
-            args = (specs, *run, seeds, values, layout_, static)
-            if compiled and run[0].numel() >= 2:
-                if phase not in self._compiled_runs:
-                    self._compiled_runs[phase] = CompiledCodedStep(phase, step_run, dynamic=True)
-                try:
-                    parts_out.append(self._compiled_runs[phase](*args))
-                    continue
-                except Exception as error:
-                    fall_back(error)
-                    compiled = False
-            parts_out.append(step_run(phase, *args))
+    def _step(self, graphs: dict[Phase, CompiledCodedStep], fn: Callable, phase: Phase, args: tuple, compiled: bool,
+              small: bool, fall_back: Callable[[Exception], None], parts_out: list) -> bool:
+        """``fn(phase, *args)``'s reductions' parts onto ``parts_out``: compiled (its graph in ``graphs``,
+        of symbolic sizes for ``step_run``'s runs) when ``compiled``, else eagerly, as is a ``small``
+        tensor (a graph of its own would cost a compile for nothing) and the rest after a compile that
+        failed; returns whether the next call may compile (False after such a failure)."""
+        if compiled and not small:
+            if phase not in graphs:
+                graphs[phase] = CompiledCodedStep(phase, fn, dynamic=fn is step_run)
+            try:
+                parts_out.append(graphs[phase](*args))
+                return True
+            except Exception as error:
+                fall_back(error)
+                compiled = False
+        parts_out.append(fn(phase, *args))
         return compiled
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
