@@ -14,16 +14,17 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hashing import hash32
-from gradwise.state.codec import Codec
+from gradwise.state.codec import Codec, alias
 
 
 def round_to_bf16_stochastically(x: Tensor, seed: Tensor, start: int = 0) -> Tensor:
     """``x`` (float32) rounded to bfloat16, up or down with probabilities that make it unbiased.
     NaN and inf pass through unchanged. ``start``: the logical index of ``x``'s first element (a
-    shard's offset), which the random bits depend on. (Adding at most 0xFFFF to the bits of a finite
-    float32 never overflows int32: a carry only moves the value up to the next bfloat16.)"""
+    shard's offset; an int or a 0-d integer tensor), which the random bits depend on. (Adding at
+    most 0xFFFF to the bits of a finite float32 never overflows int32: a carry only moves the value
+    up to the next bfloat16.)"""
     bits = x.contiguous().view(torch.int32)
-    index = torch.arange(start, start + x.numel(), device=x.device, dtype=torch.int32).view(x.shape)
+    index = (torch.arange(x.numel(), device=x.device, dtype=torch.int32) + start).view(x.shape)
     noise = hash32(index, seed) & 0xFFFF
     rounded = ((bits + noise) & ~0xFFFF).view(torch.float32)
     return torch.where(torch.isfinite(x) & torch.isfinite(rounded), rounded, x).to(torch.bfloat16)
@@ -43,3 +44,15 @@ class BF16(Codec):
 
     def decode(self, parts, shape, signed, dtype, shard=None):
         return parts["value"].to(dtype)
+
+    def run_width(self, shape, signed):
+        return 1
+
+    def run_parts(self, parts, start, stop, rows):
+        return {"value": alias(parts["value"], start, (rows, (stop - start) // rows))}
+
+    def decode_run(self, parts, signed, dtype):
+        return parts["value"].to(dtype)
+
+    def encode_run(self, x, parts, signed, seed, start):
+        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, start))

@@ -60,6 +60,26 @@ class Codec:
                shard: LocalShard | None = None) -> Tensor:
         raise NotImplementedError
 
+    def run_width(self, shape: torch.Size, signed: bool) -> int | None:
+        """For the step on runs of the flat buffer (``gradwise.state.runs``): runs of a buffer of
+        ``shape`` must start at multiples of this many elements (its block; 1: anywhere); None when a
+        part spans the whole buffer (rank-1 maxima), and the buffer steps in its own shape."""
+        return None
+
+    def run_parts(self, parts: dict[str, Tensor], start: int, stop: int, rows: int) -> dict[str, Tensor]:
+        """Tensors over the memory of ``parts`` that hold elements ``start`` to ``stop`` of the flat
+        buffer, ``rows`` blocks of them (``alias``)."""
+        raise NotImplementedError
+
+    def decode_run(self, parts: dict[str, Tensor], signed: bool, dtype: torch.dtype) -> Tensor:
+        """A run's values from its ``run_parts``, a block a row."""
+        raise NotImplementedError
+
+    def encode_run(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, start: Tensor) -> None:
+        """Store a run (``x``: a block a row; ``start``: its first element's flat index, 0-d) into its
+        ``run_parts``."""
+        raise NotImplementedError
+
     def nbytes(self, shape: torch.Size, signed: bool) -> int:
         """Bytes of the parts for a buffer of ``shape``, computed without allocating."""
         parts = self.empty(torch.Size(shape), signed, torch.device("meta"))
@@ -73,6 +93,13 @@ class Codec:
 
     def __repr__(self) -> str:
         return self.tag
+
+
+def alias(t: Tensor, offset: int, shape: tuple[int, ...]) -> Tensor:
+    """A contiguous tensor of ``shape`` over the memory of the contiguous ``t`` from its element
+    ``offset`` on. Not a view: dynamo would guard on a view's base, one graph per base shape."""
+    stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset() + offset, shape, stride)
 
 
 def check_block_size(argument: str, value: Any) -> int:

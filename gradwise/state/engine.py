@@ -22,6 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
+from gradwise.state.runs import cut_runs, plan_runs, step_run
 from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
@@ -36,6 +37,7 @@ class EncodedState:
         self.nonnegative = frozenset(transform.nonnegative)
         self.weights_like = frozenset(transform.weights_like)
         self._compiled: dict[Phase, CompiledCodedStep] = {}  # one per phase that runs (chains of routes, phases)
+        self._compiled_runs: dict[Phase, CompiledCodedStep] = {}  # the same, on runs of flat blocks
         self._specs: dict[tuple, Specs] = {}
         #: where the collectives of encoding sharded state are counted (set by the optimizer: its ``traffic``)
         self.traffic: Traffic | None = None
@@ -111,24 +113,41 @@ class EncodedState:
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
             shard = LocalShard.of(p, self.traffic)
-            rounding = rounding_rows([seed(step, position, "param")], [0 if shard is None else shard.offset],
-                                     p.device) if rounds_stochastically(static, p.dtype) else None
-            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding,
-                    None if outputs is None else local(outputs[i]))
+            param_seed = seed(step, position, "param") if rounds_stochastically(static, p.dtype) else None
+            rounding = None if param_seed is None else \
+                rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
+            output = None if outputs is None else local(outputs[i])
+            runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
+            if runs is not None:
+                for run in cut_runs(runs, specs, p, inputs[i], plain, parts, param_seed, output):
+                    compiled = self._step(self._compiled_runs, step_run, phase, (specs, *run, seeds, values, layout_,
+                                          static), compiled, run[0].numel() < 2, fall_back, parts_out)
+                continue
+            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
-            if compiled and p.numel() >= 2:
-                if phase not in self._compiled:
-                    self._compiled[phase] = CompiledCodedStep(phase)
-                try:
-                    parts_out.append(self._compiled[phase](*args))
-                    continue
-                except Exception as error:
-                    fall_back(error)
-                    compiled = False
-            parts_out.append(coded_step(phase, *args))
+            compiled = self._step(self._compiled, coded_step, phase, args, compiled, p.numel() < 2, fall_back,
+                                  parts_out)
         return parts_out
+
+    def _step(self, graphs: dict[Phase, CompiledCodedStep], fn: Callable, phase: Phase, args: tuple, compiled: bool,
+              small: bool, fall_back: Callable[[Exception], None], parts_out: list) -> bool:
+        """``fn(phase, *args)``'s reductions' parts onto ``parts_out``: compiled (its graph in ``graphs``,
+        of symbolic sizes for ``step_run``'s runs) when ``compiled``, else eagerly, as is a ``small``
+        tensor (a graph of its own would cost a compile for nothing) and the rest after a compile that
+        failed; returns whether the next call may compile (False after such a failure)."""
+        if compiled and not small:
+            if phase not in graphs:
+                graphs[phase] = CompiledCodedStep(phase, fn, dynamic=fn is step_run)
+            try:
+                parts_out.append(graphs[phase](*args))
+                return True
+            except Exception as error:
+                fall_back(error)
+                compiled = False
+        parts_out.append(fn(phase, *args))
+        return compiled
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:
@@ -137,8 +156,8 @@ class EncodedState:
 
     @property
     def compile_stats(self) -> tuple[int, float]:
-        return (sum(c.compiles for c in self._compiled.values()),
-                sum(c.compile_seconds for c in self._compiled.values()))
+        steps = [*self._compiled.values(), *self._compiled_runs.values()]
+        return sum(c.compiles for c in steps), sum(c.compile_seconds for c in steps)
 
     # ------------------------------------------------------------- checkpoints
     @staticmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -50,14 +50,15 @@ def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: M
 
 
 class CompiledCodedStep:
-    """``torch.compile`` of ``coded_step``, private to one optimizer, with its compiles counted."""
+    """``torch.compile`` of ``coded_step`` (or of ``fn``, called with the phase first, as
+    ``gradwise.state.runs.step_run`` with ``dynamic=True``), private to one optimizer, with its compiles
+    counted."""
 
-    def __init__(self, phase: Phase):
+    def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False):
         self.phase = phase
         self.compiles = 0
         self.compile_seconds = 0.0
-        self._compiled = torch.compile(private_copy(coded_step), backend=self._backend, fullgraph=True,
-                                       dynamic=False)
+        self._compiled = torch.compile(private_copy(fn), backend=self._backend, fullgraph=True, dynamic=dynamic)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor.compile_fx import compile_fx

@@ -31,11 +31,13 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import choice
-from gradwise.state.codec import Codec, check_block_size, n_blocks
+from gradwise.state.codec import Codec, alias, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
+    decode_block_rows,
     decode_blocks,
     decode_rank1,
+    encode_block_rows,
     encode_blocks,
     encode_rank1,
     pack4,
@@ -160,6 +162,27 @@ class Quantized(Codec):
         if rank1:
             return decode_rank1(codes, parts["row_max"], parts["col_max"], values, shape).to(dtype)
         return decode_blocks(codes, parts["absmax"], self.block_size, values, shape).to(dtype)
+
+
+    def run_width(self, shape, signed):
+        odd = self.bits == 4 and shape.numel() % 2  # a last byte holding half an element
+        return None if self.layout(shape, signed)[0] or odd else self.block_size
+
+    def run_parts(self, parts, start, stop, rows):
+        bytes_per_row = ((stop - start) * self.bits + 7) // 8 // rows
+        return {"codes": alias(parts["codes"], start * self.bits // 8, (rows, bytes_per_row)),
+                "absmax": alias(parts["absmax"], start // self.block_size, (rows,))}
+
+    def decode_run(self, parts, signed, dtype):
+        codes, rows = parts["codes"], parts["absmax"].numel()
+        if self.bits == 4:
+            codes = unpack4(codes.view(-1)).view(rows, -1)
+        return decode_block_rows(codes, parts["absmax"], self.maps[signed], codes.shape[1]).to(dtype)
+
+    def encode_run(self, x, parts, signed, seed, start):
+        stochastic = self.layout(x.shape, signed)[2]
+        encode_block_rows(x.float(), self.maps[signed], signed, seed if stochastic else None, start,
+                          parts["codes"].view(-1), parts["absmax"], self.bits)
 
 
 class Int8(Quantized):

@@ -30,11 +30,11 @@ def finite_absmax(x: Tensor, dim: int) -> Tensor:
 
 
 def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None = None,
-             start: int = 0) -> Tensor:
+             start: int | Tensor = 0) -> Tensor:
     """Index of the map value nearest to ``x / scale`` (integers, shaped like ``x``); with ``seed``, one
     of the two values around it, rounded stochastically (unbiased: small increments accumulate on
     average instead of being rounded away step after step); ``start``: the flat index of ``x``'s first
-    element, which the random bits depend on.
+    element (an int or a 0-d integer tensor), which the random bits depend on.
 
     For non-negative buffers, a positive value nearer zero than the smallest positive code rounds up
     to that code: a second moment is never stored as zero while its first moment is not, which would
@@ -48,7 +48,7 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     if seed is None:
         codes = code_map.nearest(normalized)
     else:
-        index = torch.arange(start, start + normalized.numel(), device=normalized.device, dtype=torch.int32)
+        index = (torch.arange(normalized.numel(), device=normalized.device, dtype=torch.int32) + start)
         index = index.view(normalized.shape)
         codes = code_map.stochastic(normalized, unsigned(hash32(index, seed)).to(torch.float32) / 2**32)
     if not signed and code_map.zero == 0:
@@ -74,23 +74,34 @@ def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: 
     the buffer is made, and a compiled step reads and writes every element exactly once."""
     flat = x.reshape(-1).float()
     for start, stop, rows in block_pieces(flat.numel(), block):
-        piece = flat[start:stop].view(rows, -1)
-        scale = finite_absmax(piece, 1)
-        piece_codes = to_codes(piece, scale, code_map, signed, seed, start=start).view(-1)
-        if bits == 4:  # start is even: blocks are powers of two of at least 2 elements
-            codes[start // 2: (stop + 1) // 2].copy_(pack4(piece_codes))
-        else:
-            codes[start:stop].copy_(piece_codes)
-        absmax[start // block: start // block + rows].copy_(scale.view(-1))
+        encode_block_rows(flat[start:stop].view(rows, -1), code_map, signed, seed, start,
+                          codes[start * bits // 8: (stop * bits + 7) // 8],
+                          absmax[start // block: start // block + rows], bits)
+
+
+def encode_block_rows(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None, start: int | Tensor,
+                      codes: Tensor, absmax: Tensor, bits: int = 8) -> None:
+    """Encode ``rows`` (float32, one block a row; ``start``: the flat index of its first element)
+    into the codes and the absmax of those blocks. (``start`` is even when ``bits`` is 4: blocks are
+    powers of two of at least 2 elements.)"""
+    scale = finite_absmax(rows, 1)
+    row_codes = to_codes(rows, scale, code_map, signed, seed, start=start).view(-1)
+    codes.copy_(pack4(row_codes) if bits == 4 else row_codes)
+    absmax.copy_(scale.view(-1))
+
+
+def decode_block_rows(codes: Tensor, absmax: Tensor, code_map: CodeMap, width: int) -> Tensor:
+    """The float32 values of blocks of ``width`` elements, a row each, from their codes (one per
+    element) and absmax."""
+    return code_map.value(codes).view(-1, width) * absmax.view(-1, 1)
 
 
 def decode_blocks(codes: Tensor, absmax: Tensor, block: int, code_map: CodeMap, shape: torch.Size) -> Tensor:
-    values = code_map.value(codes[: shape.numel()])
     whole = shape.numel() // block * block
-    head = (values[:whole].view(-1, block) * absmax[: whole // block].view(-1, 1)).view(-1)
+    head = decode_block_rows(codes[:whole], absmax[: whole // block], code_map, block).view(-1)
     if whole == shape.numel():
         return head.view(shape)
-    return torch.cat([head, values[whole:] * absmax[-1]]).view(shape)
+    return torch.cat([head, code_map.value(codes[whole: shape.numel()]) * absmax[-1]]).view(shape)
 
 
 def encode_rank1(x: Tensor, code_map: CodeMap, signed: bool,

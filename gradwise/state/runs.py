@@ -1,0 +1,85 @@
+"""The encoded step of an elementwise phase, run on the flat buffer's whole blocks and its last block.
+
+An elementwise phase gives the same result on any slicing of its tensors (``core/eager.py``). When
+every encoded buffer of a parameter is stored in blocks of its flat buffer (``Codec.run_width``:
+block-wise codes and scales, bfloat16), its step runs on runs of whole blocks: the parameter's
+whole blocks, then its shorter last block, each given as tensors of its own (``alias``: param, grad,
+state and the parts' slices as ``rows x width`` matrices, one block a row). A run's decode, update
+and encode then index everything by (row, column) and a compiled step fuses them into one loop over
+the rows that reads each element once and keeps a block in cache from the reduction of its new
+scale to its encoding, writing no float copy of the state. Its sizes are symbolic (the width of a
+run of whole blocks is the block; a last block's row count is 1): one graph serves every parameter.
+
+In the parameter's own shape instead (``fused.coded_step``), a block's elements are found through
+the parameter's rows, an index inductor recomputes per element in scalar code, and the slices of
+the parts written for the whole blocks and for the last one become a select between the two over
+the whole buffer, which computes the update twice.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from gradwise.core.executor import rounding_rows, run_chain
+from gradwise.core.phases import Phase
+from gradwise.core.transform import state_dtype
+from gradwise.state.codec import alias
+from gradwise.state.quantize import block_pieces
+
+
+def plan_runs(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+              output: Tensor | None) -> list[tuple[int, int, int]] | None:
+    """``(start, stop, rows)`` of the runs the step of ``param`` takes, or None when it must run in
+    the parameter's shape: no encoded buffer, a phase that is not elementwise, a buffer not stored in flat blocks, a
+    tensor that is not contiguous, or plain state neither shaped like the parameter nor 0-d."""
+    if not specs or not phase.elementwise or param.numel() == 0:
+        return None
+    widths = [codec.run_width(param.shape, signed) for _, codec, signed in specs]
+    if None in widths:
+        return None
+    shaped = [param, grad, *([] if output is None else [output])]
+    for value in plain.values():
+        if value.shape == param.shape:
+            shaped.append(value)
+        elif value.dim():
+            return None
+    if not all(t.is_contiguous() and t.shape == param.shape for t in shaped):
+        return None
+    block = max(widths)  # powers of two (or 1): each divides the largest
+    return [(0, param.numel(), 1)] if block == 1 else block_pieces(param.numel(), block)
+
+
+def cut_runs(runs, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+             parts: Mapping[str, Mapping[str, Tensor]], rounding_seed: int | None, output: Tensor | None):
+    """The arguments of ``step_run`` for each run: ``(param, grad, plain, parts, start, rounding,
+    output)``, each tensor over the run's memory (``rounding_seed``: a bfloat16 parameter's
+    stochastic-rounding seed, else None)."""
+    for start, stop, rows in runs:
+        shape = (rows, (stop - start) // rows)
+
+        def cut(t: Tensor) -> Tensor:
+            return alias(t, start, shape)
+
+        yield (cut(param), cut(grad), {k: cut(v) if v.shape == param.shape else v for k, v in plain.items()},
+               {b: codec.run_parts(parts[b], start, stop, rows) for b, codec, _ in specs},
+               torch.tensor(start, dtype=torch.int64, device=param.device),
+               None if rounding_seed is None else rounding_rows([rounding_seed], [start], param.device),
+               None if output is None else cut(output))
+
+
+def step_run(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+             parts: Mapping[str, Mapping[str, Tensor]], start: Tensor, rounding: Tensor | None, output: Tensor | None,
+             seeds: Tensor, values: Tensor, layout, static) -> dict[str, Tensor]:
+    """``fused.coded_step`` on one run (``cut_runs``); ``start``: the run's first element's flat
+    index (0-d), which stochastic rounding's random bits depend on."""
+    state = dict(plain)
+    for buffer, codec, signed in specs:
+        state[buffer] = codec.decode_run(parts[buffer], signed, state_dtype(param))
+    reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static,
+                        rounding, None if output is None else [output])
+    for i, (buffer, codec, signed) in enumerate(specs):
+        if buffer in phase.writes:
+            codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
+    return reduced
