@@ -1,5 +1,7 @@
 """What a submission enters: an optimizer (any gradwise recipe, ``torch.<Name>`` for any ``torch.optim``
-optimizer) with hyperparameters, a search space for external tuning, or the fixed self-tuning defaults.
+optimizer, or a recipe's state-format variant ``NAME[FORMAT]``, see ``variants``) with hyperparameters, a search
+space for external tuning, or the fixed self-tuning defaults. A recipe with a projection ``rank`` projects only
+the matrices wider than it (``parameter_groups``); one that takes its step budget (Ranger21) gets the trial's.
 
 Hyperparameters are the optimizer's own keywords plus a few the arena maps:
 ``beta1``/``beta2``/``one_minus_beta1`` (AlgoPerf's convention) build ``betas``; ``warmup_factor`` (the
@@ -148,7 +150,7 @@ def check_hyperparameters(name: str, hyperparameters: dict[str, Any]) -> None:
         raise ValueError(f"invalid warmup_factor={warmup!r}: expected 0 <= warmup_factor < 1")
     if split_variant(name)[1] is not None and "state" in hyperparameters:
         raise ValueError(f"invalid state={hyperparameters['state']!r} for {name!r}: the variant's bracket is its"
-                         f" state; enter {split_variant(name)[0]!r}[FORMAT] or give state= to the plain recipe")
+                         f" state; enter {split_variant(name)[0]}[FORMAT] or give state= to the plain recipe")
 
 
 def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
