@@ -120,11 +120,16 @@ def test_bare_install_holds_no_benchmark(bare):
 
 
 def test_bare_install_holds_the_package_data(bare):
-    """The committed workload targets and the example AlgoPerf submission's search space are in the wheel."""
+    """The committed workload targets, the example AlgoPerf submission's search space and every entry's shipped
+    search space (all of the checkout's ``gradwise/arena/spaces``) are in the wheel."""
     probe = ("from importlib.resources import files; root = files('gradwise.arena'); "
              "print((root / 'targets.json').is_file(), "
-             "(root / 'examples' / 'algoperf_adamw' / 'tuning_search_space.json').is_file())")
-    assert _ok([str(bare.bin / "python"), "-c", probe], cwd=bare.work).stdout.split() == ["True", "True"]
+             "(root / 'examples' / 'algoperf_adamw' / 'tuning_search_space.json').is_file(), "
+             "','.join(sorted(f.name for f in (root / 'spaces').iterdir() if f.name.endswith('.json'))))")
+    spaces = ",".join(sorted(p.name for p in (ROOT / "gradwise" / "arena" / "spaces").glob("*.json")))
+    assert spaces.count(".json") > 20 and "AdamW.json" in spaces
+    out = _ok([str(bare.bin / "python"), "-c", probe], cwd=bare.work).stdout.split()
+    assert out == ["True", "True", spaces]
 
 
 def test_bare_bench_says_where_the_benchmarks_are(bare):

@@ -38,9 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               formatter_class=HelpFormatter)
     run.add_argument("--suite", choices=["quick", "full"], default="quick", help=suite_help)
     run.add_argument("--workloads", help="comma-separated workloads (default: the suite's)")
-    run.add_argument("--optimizers", help="comma-separated optimizers, self-tuning defaults (default: the suite's)")
+    run.add_argument("--optimizers", help="comma-separated entries: recipes, torch.<Name>, state-format variants such"
+                     " as AdamW[int8] (default: the suite's)")
     run.add_argument("--hyperparameters", help="JSON object: a fixed point for every --optimizers entry, in place"
                      " of its self-tuning defaults (the same point on every workload)")
+    run.add_argument("--ruleset", choices=["self", "external"], help="self: each --optimizers entry at its"
+                     " self-tuning point (the default); external: each tuned over its shipped search space"
+                     " (gradwise arena list), or over --search-space")
     run.add_argument("--search-space", help="JSON or TOML search space: external tuning instead of self-tuning")
     run.add_argument("--submission", help="a Python file written against AlgoPerf's PyTorch submission API, run"
                      " unchanged (external tuning with the tuning_search_space.json beside it or --search-space;"
@@ -76,9 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
     targets.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     targets.add_argument("--dry-run", action="store_true", help="print the targets, leave targets.json alone")
-    commands.add_parser("list", help="workloads, optimizers and self-tuning defaults", formatter_class=HelpFormatter,
-                        description="The workloads (target, budget, batch), every optimizer name a submission may"
-                        " use, and the self-tuning defaults.")
+    commands.add_parser("list", help="workloads and entries: self-tuning points, spaces, variants",
+                        formatter_class=HelpFormatter,
+                        description="The workloads (target, budget, batch), and every entry a submission may use:"
+                        " its self-tuning point, whether a search space is shipped, the state-format variants.")
     delete = commands.add_parser("delete-study", help="delete one study and its trials from a store; the next"
                                  " run that plans it prepares and runs it afresh", formatter_class=HelpFormatter)
     delete.add_argument("study", help="the study's name, e.g. quick/self/AdamW/digits_cnn/study0")
@@ -101,14 +106,14 @@ def _names(text: str | None, default: list[str]) -> list[str]:
 
 
 def _optimizers(text: str | None, default: list[str]) -> list[str]:
-    """``--optimizers``: names as the arena spells them, typed in any case."""
-    from gradwise.by_name import canonical_name, optimizer_names
+    """``--optimizers``: entries as the arena spells them (``AdamW``, ``AdamW[int8]``), typed in any case."""
+    from gradwise.arena.variants import check_entry
 
-    return [canonical_name(n, optimizer_names(), argument="--optimizers") for n in _names(text, default)]
+    return [check_entry(n, argument="--optimizers") for n in _names(text, default)]
 
 
 def _plans(args):
-    from gradwise.arena.rulesets import Entry, plan, self_tuning_entry, submission_entry
+    from gradwise.arena.rulesets import Entry, external_entry, plan, self_tuning_entry, submission_entry
     from gradwise.arena.submissions import load_search_space
     from gradwise.arena.suites import SUITES
     from gradwise.arena.workloads import get_workload
@@ -117,8 +122,10 @@ def _plans(args):
     workloads = _names(args.workloads, suite["workloads"])
     for w in workloads:
         get_workload(w)  # unknown names fail before anything runs
-    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters or args.submission)
+    custom = bool(args.workloads or args.optimizers or args.search_space or args.hyperparameters or args.submission
+                  or args.ruleset == "external")
     name = "custom" if custom else args.suite
+    _check_ruleset(args)
     if args.submission:
         clash = [flag for flag, value in (("--optimizers", args.optimizers), ("--optimizer", args.optimizer),
                                           ("--hyperparameters", args.hyperparameters)) if value]
@@ -126,6 +133,10 @@ def _plans(args):
             raise ValueError(f"invalid {clash[0]} with --submission={args.submission!r}: the submission file is"
                              " the whole entry (its hyperparameters come from its search space)")
         entries = [submission_entry(args.submission, args.search_space, workloads)]
+        if args.ruleset not in (None, entries[0].ruleset):
+            raise ValueError(f"invalid --ruleset={args.ruleset!r} with --submission={args.submission!r}: the file is"
+                             f" {entries[0].ruleset}-tuning (a tuning_search_space.json beside it, or --search-space,"
+                             " makes it external; none, self)")
         studies = args.studies or (3 if entries[0].space is not None else suite["studies"])
     elif args.search_space:
         optimizer, space = load_search_space(args.search_space, args.optimizer)
@@ -141,12 +152,25 @@ def _plans(args):
         entries = [Entry(f"{o}{json.dumps(point, separators=(',', '='))}", o, hyperparameters=point)
                    for o in _optimizers(args.optimizers, suite["optimizers"])]
         studies = args.studies or suite["studies"]
+    elif args.ruleset == "external":
+        entries = [external_entry(o) for o in _optimizers(args.optimizers, suite["optimizers"])]
+        studies = args.studies or 3
     else:
         entries = [self_tuning_entry(o) for o in _optimizers(args.optimizers, suite["optimizers"])]
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
                                 suite=name, time_limit=not args.no_time_limit, tuner=args.tuner)]
+
+
+def _check_ruleset(args) -> None:
+    """``--ruleset`` against the flags that decide the ruleset themselves."""
+    if args.ruleset == "self" and args.search_space:
+        raise ValueError(f"invalid --ruleset='self' with --search-space={args.search_space!r}: a search space is"
+                         " external tuning; drop one of them")
+    if args.ruleset == "external" and args.hyperparameters:
+        raise ValueError(f"invalid --ruleset='external' with --hyperparameters={args.hyperparameters!r}: a fixed"
+                         " point is not tuned; drop one of them, or give --search-space")
 
 
 def _open(storage: str, create: bool = True):
@@ -244,16 +268,22 @@ def _set_targets_command(args) -> str:
 
 
 def cmd_list(args) -> int:
-    from gradwise.arena.submissions import SELF_TUNING, optimizer_names
+    from rich.table import Table
+
+    from gradwise.arena.entries import entry_rows
+    from gradwise.arena.live import console
     from gradwise.arena.workloads import WORKLOADS, get_workload
 
     for name in WORKLOADS:
         w = get_workload(name)
         print(f"{name}: {w.description}; target {w.metric} {'>=' if w.higher_is_better else '<='} {w.target:g},"
               f" {w.step_hint} steps / {w.max_runtime:g} s, batch {w.batch_size}, eval every {w.eval_every}")
-    print("optimizers:", ", ".join(optimizer_names()))
-    for name, hyper in SELF_TUNING.items():
-        print(f"self-tuning {name}: {hyper}")
+    table = Table(title="arena entries (--optimizers NAME or NAME[FORMAT]; --ruleset external tunes over the space)")
+    for column in ("entry", "self-tuning point", "space", "variants [FORMAT]"):
+        table.add_column(column, overflow="fold")
+    for row in entry_rows():
+        table.add_row(row["name"], row["point"], row["space"], row["variants"])
+    console().print(table)
     return 0
 
 

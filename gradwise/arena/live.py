@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -26,7 +27,7 @@ def leaderboard_tables(studies: list[dict], suite: str | None, reference: str) -
             table.add_column(column, justify="right" if column not in ("submission",) else "left")
         for rank, row in enumerate(leaderboard(group, reference), 1):
             speed = f"{row['speedup']:.3f}" if "speedup" in row else "-"
-            table.add_row(str(rank), row["submission"], f"{row['score']:.3f}", speed,
+            table.add_row(str(rank), escape(row["submission"]), f"{row['score']:.3f}", speed,
                           *[_cell(row["times"].get(w, math.inf), row["steps"].get(w, math.inf)) for w in workloads])
         if group["pending"]:
             table.caption = f"{group['pending']} trial(s) still to run; partial studies are not scored yet"
@@ -83,12 +84,12 @@ class LiveBoard:
 
     def on_trial(self, plan, claimed, record) -> None:
         if record is None:
-            self.now = f"running {plan.name} trial {claimed.index}"
+            self.now = f"running {escape(plan.name)} trial {claimed.index}"
         else:
             self.progress.advance(self.task)
             outcome = "miss" if record["time_to_target"] is None else \
                 f"{record['time_to_target']:.2f}s, {record['steps_to_target']} steps"
-            self.now = f"done {plan.name} trial {claimed.index}: {outcome}"
+            self.now = f"done {escape(plan.name)} trial {claimed.index}: {outcome}"
             if self.live is None:
                 self.console.print(self.now)
         if self.live is not None:

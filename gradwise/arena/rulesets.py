@@ -5,9 +5,9 @@
 - **external tuning**: ``trials`` points per study drawn by quasi-random Halton search through Optuna's
   ``QMCSampler`` (scrambled, seeded by the study index, so each study draws its own points), ``studies``
   studies; the workload's time is the median over studies of the fastest trial. A list-form space gives its
-  first ``trials`` points to every study instead. ``tuner`` (``gradwise.arena.tuners``) decides which of them
-  train their whole budget: all (``halton``), those Hyperband keeps (``hyperband``), or the Top-K after one
-  epoch of each (``one-epoch``).
+  first ``trials`` points to every study instead. ``external_entry`` tunes over the entry's shipped space.
+  ``tuner`` (``gradwise.arena.tuners``) decides which of the points train their whole budget: all (``halton``),
+  those Hyperband keeps (``hyperband``), or the Top-K after one epoch of each (``one-epoch``).
 
 An entry is an optimizer with hyperparameters or a space, or an AlgoPerf submission file (``submission_entry``):
 then its ``tuning_search_space.json`` makes it external, none self-tuning, and its trials run through
@@ -38,8 +38,9 @@ from gradwise.arena.algoperf_submission import (
 )
 from gradwise.arena.algoperf_trial import run_submission_trial
 from gradwise.arena.runner import run_trial
+from gradwise.arena.shipped_spaces import shipped_space
 from gradwise.arena.store import Claimed, Store
-from gradwise.arena.submissions import SELF_TUNING, check_hyperparameters, check_search_space
+from gradwise.arena.submissions import check_hyperparameters, check_search_space, self_tuning_point
 from gradwise.arena.tuners import TOP, Pruning, check_tuner, resolve_slot, screen_steps, slots, top_k
 from gradwise.arena.workloads import Workload, get_workload
 
@@ -64,11 +65,13 @@ class Entry:
 
 
 def self_tuning_entry(optimizer: str) -> Entry:
-    if optimizer not in SELF_TUNING:
-        raise ValueError(f"no self-tuning defaults for optimizer {optimizer!r}; have: {sorted(SELF_TUNING)}."
-                         f" Give it hyperparameters (--hyperparameters '{{\"lr\": 1e-3}}') or a search space"
-                         " (--search-space FILE)")
-    return Entry(optimizer, optimizer, hyperparameters=dict(SELF_TUNING[optimizer]))
+    """The entry at its self-tuning point (``submissions.SELF_TUNING``; a variant at its recipe's)."""
+    return Entry(optimizer, optimizer, hyperparameters=self_tuning_point(optimizer))
+
+
+def external_entry(optimizer: str) -> Entry:
+    """The entry tuned over its shipped search space (``shipped_spaces``; a variant over its recipe's)."""
+    return Entry(optimizer, optimizer, space=shipped_space(optimizer))
 
 
 def submission_entry(path: str | Path, search_space: str | Path | None = None, workloads: list[str] = ()) -> Entry:

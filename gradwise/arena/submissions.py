@@ -1,5 +1,7 @@
 """What a submission enters: an optimizer (any gradwise recipe, ``torch.<Name>`` for any ``torch.optim``
-optimizer) with hyperparameters, a search space for external tuning, or the fixed self-tuning defaults.
+optimizer, or a recipe's state-format variant ``NAME[FORMAT]``, see ``variants``) with hyperparameters, a search
+space for external tuning, or the fixed self-tuning defaults. A recipe with a projection ``rank`` projects only
+the matrices wider than it (``parameter_groups``); one that takes its step budget (Ranger21) gets the trial's.
 
 Hyperparameters are the optimizer's own keywords plus a few the arena maps:
 ``beta1``/``beta2``/``one_minus_beta1`` (AlgoPerf's convention) build ``betas``; ``warmup_factor`` (the
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 import gradwise.recipes
+from gradwise.arena.variants import check_entry, split_variant
 from gradwise.by_name import optimizer_names
 
 SCHEDULE_KEYS = {"warmup_factor", "schedule"}
@@ -67,15 +70,63 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     "ScheduleFreeAdamW": {"lr": 2.5e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, "schedule": "constant"},
     "SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
     "torch.SGD": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-5, "warmup_factor": 0.05},
+    # the memory-lean recipes, at their authors' settings with the arena's warmup and cosine decay (not tuned
+    # here). A ``rank`` projects the matrices whose shorter side exceeds it (``parameter_groups``);
+    # rank 32 is a quarter of shakespeare_charlm's model width (128), as the papers' rank 128 is
+    # a quarter of their 60M LLaMA's 512. GaLore, Zhao et al. 2024 (galore-torch's README: lr 0.01, scale 0.25,
+    # update_proj_gap 200); APOLLO and APOLLO-Mini, Zhu et al. 2024 (apollo-torch's README: lr 0.01, scale 1,
+    # channel-wise, random projection; Mini: rank 1, scale 128, tensor-wise; update_proj_gap 200); FRUGAL,
+    # Zmushko et al. 2024 (AdamW's lr 1e-3, signSGD on the rest, update_proj_gap 200); SubsetNorm, Nguyen et al.
+    # 2024 (AdaGrad-Subset-Norm with momentum 0.9, no subspace, at AdaGrad-Norm's customary lr 1: its sum of
+    # squares only grows, so the step shrinks by itself; gradwise's default 1e-2 barely moves these models);
+    # Adam-mini, Zhang et al. 2024 ("the same hyperparameters as AdamW": AdamW's point above). LOMO and AdaLomo,
+    # Lv et al. 2023, update inside backward; lomo-optim 0.1.1's lr 1e-3 is a fine-tuning rate that leaves
+    # these models, trained from scratch, where they start: LOMO (plain SGD) takes the step of the arena's SGD
+    # point (lr 0.05 with momentum 0.9: 0.5), AdaLomo Adafactor's point above (the same relative step)
+    "GaLoreAdamW": {"lr": 1e-2, "rank": 32, "update_proj_gap": 200, "scale": 0.25, "warmup_factor": 0.05},
+    "APOLLO": {"lr": 1e-2, "rank": 32, "update_proj_gap": 200, "scale": 1.0, "scale_type": "channel",
+               "proj": "random", "warmup_factor": 0.05},
+    "APOLLOMini": {"lr": 1e-2, "rank": 1, "update_proj_gap": 200, "scale": 128.0, "scale_type": "tensor",
+                   "warmup_factor": 0.05},
+    "FRUGAL": {"lr": 1e-3, "rank": 32, "update_proj_gap": 200, "warmup_factor": 0.05},
+    "SubsetNorm": {"lr": 1.0, "momentum": 0.9, "warmup_factor": 0.05},
+    "AdamMini": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "warmup_factor": 0.05},
+    "LOMO": {"lr": 0.5, "warmup_factor": 0.05},
+    "AdaLomo": {"lr": 1e-2, "warmup_factor": 0.05},
+    # Shampoo, Distributed Shampoo's README example (Shi et al. 2023, arXiv:2309.06497: lr 1e-3, betas (0.9,
+    # 0.999), epsilon 1e-12, decoupled weight decay 1e-5, Adam grafting, inverse roots every 100 steps)
+    "Shampoo": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 1e-5, "precondition_frequency": 100,
+                "warmup_factor": 0.05},
+    # Ranger21 (Wright & Demeure 2021, arXiv:2106.13731): pytorch-optimizer's lr 1e-3 and the authors' own
+    # schedule (warmup 2 / (1 - beta2) steps, warm-down over the last 28 %) over the trial's step budget, which
+    # the arena passes as num_iterations; so no arena schedule on top
+    "Ranger21": {"lr": 1e-3, "schedule": "constant"},
+    # Schedule-Free SGD (Defazio et al. 2024): schedulefree 1.4.1's SGDScheduleFree defaults (lr 1.0, momentum
+    # 0.9), no LR schedule
+    "ScheduleFreeSGD": {"lr": 1.0, "momentum": 0.9, "weight_decay": 0.0, "schedule": "constant"},
 }
 
 
+def self_tuning_point(name: str) -> dict[str, Any]:
+    """A copy of the entry's self-tuning point (a variant's is its recipe's); ``ValueError`` if it has none."""
+    recipe, _ = split_variant(name)
+    if recipe not in SELF_TUNING:
+        raise ValueError(f"no self-tuning defaults for optimizer {name!r}; have: {sorted(SELF_TUNING)}."
+                         f" Give it hyperparameters (--hyperparameters '{{\"lr\": 1e-3}}') or a search space"
+                         " (--search-space FILE, or --ruleset external for its shipped space)")
+    return dict(SELF_TUNING[recipe])
+
+
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    if name not in optimizer_names():
+    """The class an entry names (a variant's: its recipe's)."""
+    recipe, state = split_variant(name)
+    if recipe not in optimizer_names():
         raise ValueError(f"unknown optimizer {name!r}; valid: {optimizer_names()}")
-    if name.startswith("torch."):
-        return getattr(torch.optim, name.removeprefix("torch."))
-    return getattr(gradwise.recipes, name)
+    if state is not None:
+        check_entry(name)
+    if recipe.startswith("torch."):
+        return getattr(torch.optim, recipe.removeprefix("torch."))
+    return getattr(gradwise.recipes, recipe)
 
 
 def allowed_hyperparameters(name: str) -> list[str]:
@@ -97,6 +148,9 @@ def check_hyperparameters(name: str, hyperparameters: dict[str, Any]) -> None:
     warmup = hyperparameters.get("warmup_factor", 0.05)
     if not 0 <= warmup < 1:
         raise ValueError(f"invalid warmup_factor={warmup!r}: expected 0 <= warmup_factor < 1")
+    if split_variant(name)[1] is not None and "state" in hyperparameters:
+        raise ValueError(f"invalid state={hyperparameters['state']!r} for {name!r}: the variant's bracket is its"
+                         f" state; enter {split_variant(name)[0]}[FORMAT] or give state= to the plain recipe")
 
 
 def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, Any]:
@@ -111,15 +165,38 @@ def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, An
             hyperparameters.get("beta1", default[0])
         # a third beta (AdEMAMix's slow EMA) keeps its default
         kwargs["betas"] = (float(beta1), float(hyperparameters.get("beta2", default[1])), *default[2:])
+    state = split_variant(name)[1]
+    if state is not None:
+        kwargs["state"] = state
     if not name.startswith("torch."):
         kwargs.setdefault("compile", False)  # these models are small; compile time would count as training
     return kwargs
 
 
+def parameter_groups(name: str, kwargs: dict[str, Any], params) -> list:
+    """The parameters as the optimizer gets them. A recipe with a projection ``rank`` (GaLore, APOLLO, FRUGAL,
+    SubsetNorm) projects the matrices whose shorter side exceeds the rank, the others (vectors, convolutions,
+    narrow heads) are in a group with ``rank=None``, on its full-rank rule, as the papers keep embeddings,
+    norms and heads on AdamW: one rank then suits every workload."""
+    params = list(params)
+    default = inspect.signature(optimizer_class(name).__init__).parameters.get("rank")
+    rank = kwargs.get("rank", default.default if default is not None else None)
+    if rank is None:
+        return params
+    projected = [p for p in params if p.dim() == 2 and min(p.shape) > rank]
+    rest = [p for p in params if not any(p is q for q in projected)]
+    return [g for g in ({"params": projected}, {"params": rest, "rank": None}) if g["params"]]
+
+
 def build_optimizer(name: str, hyperparameters: dict[str, Any], params, total_steps: int):
     """The optimizer and a per-step LR schedule: linear warmup over ``warmup_factor * total_steps``, then
-    cosine decay to 0 at ``total_steps`` (or a constant LR)."""
-    optimizer = optimizer_class(name)(params, **optimizer_kwargs(name, hyperparameters))
+    cosine decay to 0 at ``total_steps`` (or a constant LR). A recipe that takes its budget (Ranger21's
+    ``num_iterations``) gets ``total_steps`` unless the hyperparameters give one."""
+    kwargs = optimizer_kwargs(name, hyperparameters)
+    budget = {"num_iterations", "num_epochs", "num_batches_per_epoch"}
+    if "num_iterations" in inspect.signature(optimizer_class(name).__init__).parameters and not budget & set(kwargs):
+        kwargs["num_iterations"] = total_steps  # Ranger21 schedules itself over the trial's step budget
+    optimizer = optimizer_class(name)(parameter_groups(name, kwargs, params), **kwargs)
     warmup = max(1, int(hyperparameters.get("warmup_factor", 0.05) * total_steps))
     if hyperparameters.get("schedule", "warmup_cosine") == "constant":
         factor = lambda step: 1.0  # noqa: E731

@@ -1,0 +1,45 @@
+"""The external-tuning search spaces the arena ships, one per entry: ``gradwise/arena/spaces/<name>.json``
+(package data). Each holds ``optimizer``, ``source`` (where its ranges come from: AlgoPerf's NAdamW baseline
+space for the Adam family, else lr log-uniform a decade either side of the self-tuning point and the method's
+key knobs) and ``space``, in AlgoPerf's dict form. ``gradwise arena run --ruleset external --optimizers NAME``
+tunes over it; a state-format variant (``AdamW[int8]``) takes its recipe's space.
+"""
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from typing import Any
+
+from gradwise.arena.submissions import check_search_space
+from gradwise.arena.variants import split_variant
+
+
+def _folder():
+    return files("gradwise.arena") / "spaces"
+
+
+def shipped_names() -> list[str]:
+    """The entries (recipes and ``torch.<Name>``) with a shipped space."""
+    return sorted(f.name.removesuffix(".json") for f in _folder().iterdir() if f.name.endswith(".json"))
+
+
+def has_shipped_space(name: str) -> bool:
+    return split_variant(name)[0] in shipped_names()
+
+
+def shipped_file(name: str) -> dict[str, Any]:
+    """The whole file of ``name``'s space (``optimizer``, ``source``, ``space``), checked."""
+    recipe = split_variant(name)[0]
+    if recipe not in shipped_names():
+        raise ValueError(f"no shipped search space for optimizer {name!r}; shipped: {', '.join(shipped_names())}."
+                         " Give one with --search-space FILE")
+    raw = json.loads((_folder() / f"{recipe}.json").read_text())
+    if raw.get("optimizer") != recipe:
+        raise ValueError(f"invalid shipped search space {recipe}.json: it names optimizer {raw.get('optimizer')!r}")
+    check_search_space(name, raw["space"])
+    return raw
+
+
+def shipped_space(name: str) -> dict[str, dict]:
+    """``name``'s shipped space in AlgoPerf's dict form (a variant's: its recipe's)."""
+    return shipped_file(name)["space"]
