@@ -11,10 +11,11 @@ from gradwise.arena import scoring
 
 def collect(studies: list[dict[str, Any]], suite: str | None = None) -> dict[str, dict]:
     """ruleset -> {"times": {submission: {workload: t}}, "steps": ..., "cpu": ..., "budgets": {workload: s},
-    "records": {(submission, workload): [records]}, "pending": n}."""
+    "step_budgets": {workload: steps}, "records": {(submission, workload): [records]}, "pending": n}."""
     grouped: dict[str, dict] = defaultdict(lambda: {"studies": defaultdict(list), "steps": defaultdict(list),
                                                     "cpu": defaultdict(list),
-                                                    "budgets": {}, "records": defaultdict(list), "pending": 0})
+                                                    "budgets": {}, "step_budgets": {}, "records": defaultdict(list),
+                                                    "pending": 0})
     for study in studies:
         spec = study["spec"]
         if suite is not None and spec["suite"] != suite:
@@ -23,6 +24,7 @@ def collect(studies: list[dict[str, Any]], suite: str | None = None) -> dict[str
         key = (spec["submission"], spec["workload"])
         g["pending"] += study["pending"]
         g["budgets"][spec["workload"]] = spec["max_runtime"]
+        g["step_budgets"][spec["workload"]] = spec["max_steps"]
         g["records"][key].extend(study["records"])
         if study["records"] and study["pending"] == 0:
             times = [r["time_to_target"] if r["time_to_target"] is not None else math.inf for r in study["records"]]
@@ -41,7 +43,7 @@ def collect(studies: list[dict[str, Any]], suite: str | None = None) -> dict[str
             steps[sub][wl] = float(median(g["steps"][(sub, wl)]))
             cpu[sub][wl] = float(median(g["cpu"][(sub, wl)]))
         result[ruleset] = {"times": dict(times), "steps": dict(steps), "cpu": dict(cpu), "budgets": g["budgets"],
-                           "records": dict(g["records"]), "pending": g["pending"]}
+                           "step_budgets": g["step_budgets"], "records": dict(g["records"]), "pending": g["pending"]}
     return result
 
 

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gradwise.arena.leaderboard import collect, leaderboard
+from gradwise.arena.styles import settings, short_names
 
 
 def _cell(t: float, steps: float) -> str:
@@ -18,6 +19,10 @@ def _cell(t: float, steps: float) -> str:
 
 
 def leaderboard_tables(studies: list[dict], suite: str | None, reference: str) -> list[Table]:
+    """One table per ruleset, submissions by the report's short names; those shortened (a point given with
+    ``--hyperparameters``) have their hyperparameters in the caption."""
+    specs = {s["spec"]["submission"]: s["spec"] for s in studies if suite is None or s["spec"]["suite"] == suite}
+    shorts = short_names(specs)
     tables = []
     for ruleset, group in sorted(collect(studies, suite).items()):
         workloads = sorted(group["budgets"])
@@ -27,10 +32,12 @@ def leaderboard_tables(studies: list[dict], suite: str | None, reference: str) -
             table.add_column(column, justify="right" if column not in ("submission",) else "left")
         for rank, row in enumerate(leaderboard(group, reference), 1):
             speed = f"{row['speedup']:.3f}" if "speedup" in row else "-"
-            table.add_row(str(rank), escape(row["submission"]), f"{row['score']:.3f}", speed,
+            table.add_row(str(rank), escape(shorts[row["submission"]]), f"{row['score']:.3f}", speed,
                           *[_cell(row["times"].get(w, math.inf), row["steps"].get(w, math.inf)) for w in workloads])
+        caption = [escape(f"{shorts[n]}: {settings(specs[n])}") for n in sorted(group["times"]) if shorts[n] != n]
         if group["pending"]:
-            table.caption = f"{group['pending']} trial(s) still to run; partial studies are not scored yet"
+            caption.append(f"{group['pending']} trial(s) still to run; partial studies are not scored yet")
+        table.caption = "\n".join(caption) or None
         tables.append(table)
     return tables
 
