@@ -43,6 +43,7 @@ _EXPORTS = {
     "gradwise.recipes.frugal": ("FRUGAL",),
     "gradwise.recipes.subset_norm": ("SubsetNorm",),
     "gradwise.recipes.badam": ("BAdam",),
+    "gradwise.recipes.psgd_kron": ("PSGDKron",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -76,6 +77,7 @@ __all__ += ["SPAM", "AdamC"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["DiLoCo"]
+__all__ += ["PSGDKron"]
 
 
 def __getattr__(name: str) -> Any:
