@@ -26,7 +26,7 @@ def diagonal_sides(sides: tuple[int, ...], ndim: int, group) -> list[bool]:
     mode, longest = group["memory_save_mode"], max(range(len(sides)), key=lambda k: (sides[k], k), default=0)
     diag = [mode == "all_diag" or size == 1 or size > group["max_size_triangular"]
             or ndim < group["min_ndim_triangular"] for size in sides]
-    if mode == "one_diag" or (mode == "smart_one_diag" and len(sides) == 2 and sides[0] != sides[1]):
+    if sides and (mode == "one_diag" or (mode == "smart_one_diag" and len(sides) == 2 and sides[0] != sides[1])):
         diag[longest] = True
     return diag
 
