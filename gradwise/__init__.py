@@ -44,6 +44,7 @@ _EXPORTS = {
     "gradwise.recipes.subset_norm": ("SubsetNorm",),
     "gradwise.recipes.badam": ("BAdam",),
     "gradwise.recipes.psgd_kron": ("PSGDKron",),
+    "gradwise.qk_clip": ("qk_clip",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -77,7 +78,7 @@ __all__ += ["SPAM", "AdamC"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["DiLoCo"]
-__all__ += ["PSGDKron"]
+__all__ += ["PSGDKron", "qk_clip"]
 
 
 def __getattr__(name: str) -> Any:
