@@ -43,6 +43,8 @@ _EXPORTS = {
     "gradwise.recipes.frugal": ("FRUGAL",),
     "gradwise.recipes.subset_norm": ("SubsetNorm",),
     "gradwise.recipes.badam": ("BAdam",),
+    "gradwise.recipes.psgd_kron": ("PSGDKron",),
+    "gradwise.qk_clip": ("qk_clip",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -76,6 +78,7 @@ __all__ += ["SPAM", "AdamC"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["DeMo", "DiLoCo"]
+__all__ += ["PSGDKron", "qk_clip"]
 
 
 def __getattr__(name: str) -> Any:

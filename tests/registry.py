@@ -244,6 +244,10 @@ ENTRIES = [
            state=False, fused_backward=False),
     _entry(gradwise.FRUGAL, None, ("frugal", dict(lr=0.01, weight_decay=0.1, rank=1, update_proj_gap=3)),
            state=False, fused_backward=False),
+    # pytorch-optimizer 4.1.0's Kron draws its random vectors from the global generator: tests/test_psgd_kron.py
+    # seeds it with ours for each parameter and compares step by step
+    _entry(gradwise.PSGDKron, None, ("psgd-kron", dict(lr=0.01, weight_decay=0.1, balance_prob=0.5)),
+           fused_backward=False),
 ]
 
 #: every input configuration of every entry

@@ -65,6 +65,9 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
              "warmup_factor": 0.05},
     "Muon": {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "adamw_lr": 3e-4, "adamw_betas": (0.9, 0.95),
              "adamw_weight_decay": 0.01, "warmup_factor": 0.05},
+    # PSGD Kron (Li 2018, arXiv:1809.10232): pytorch-optimizer 4.1.0's Kron defaults (lr 1e-3, momentum 0.9, no weight
+    # decay, its update-probability schedule), with the arena's warmup and cosine decay; not tuned here
+    "PSGDKron": {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0, "warmup_factor": 0.05},
     # Schedule-Free AdamW (Defazio et al. 2024, arXiv:2405.15682): schedulefree 1.4.1's defaults, and no LR
     # schedule, which is the method's point; the runner evaluates it at x (its eval mode)
     "ScheduleFreeAdamW": {"lr": 2.5e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, "schedule": "constant"},

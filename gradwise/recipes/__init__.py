@@ -18,6 +18,7 @@ from gradwise.recipes.mars import MARS
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.normuon import NorMuon
+from gradwise.recipes.psgd_kron import PSGDKron
 from gradwise.recipes.ranger21 import Ranger21
 from gradwise.recipes.schedule_free import ScheduleFreeAdamW, ScheduleFreeSGD, schedule_free
 from gradwise.recipes.sgd import SGD
@@ -34,6 +35,7 @@ __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon"]
 __all__ += ["SPAM", "AdamC"]
 __all__ += ["FRUGAL", "SubsetNorm"]
+__all__ += ["PSGDKron"]
 
 
 def takes_state() -> list[str]:

@@ -27,6 +27,7 @@ from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, sc
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.normuon import scale_by_neuron_second_moment
 from gradwise.transforms.pnm import scale_by_pnm_adam
+from gradwise.transforms.psgd_kron import scale_by_psgd_kron
 from gradwise.transforms.regularizers import (
     add_norm_loss,
     add_stable_weight_decay,
@@ -85,6 +86,7 @@ __all__ = [
     "scale_by_neuron_second_moment",
     "scale_by_param_block_rms",
     "scale_by_pnm_adam",
+    "scale_by_psgd_kron",
     "scale_by_relative_step",
     "scale_by_rms",
     "scale_by_schedule",
