@@ -14,10 +14,11 @@ from gradwise.transforms.blocking import (
     accumulate_factors,
     block_groups,
     pieces,
+    refresh_eigenbases,
     stacked,
     write_back,
 )
-from gradwise.transforms.matrix_root import eigenbases, finite_blocks, keep_previous
+from gradwise.transforms.matrix_root import finite_blocks, keep_previous
 
 
 class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -94,7 +95,7 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
             if first:
                 self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
                 self.factor_skips.flush()
-                self._eigenbases(members, state)
+                self.eigh_failures += refresh_eigenbases(members, state)
             ql, qr = (stacked([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
             rotated = ql.mT @ g @ qr
             v = stacked([state["exp_avg_sq"][i][k] for i, k in members])  # the state itself for a lone member
@@ -112,14 +113,6 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
         for i in matrices:
             out[i] = blockings[i].merge(result[i])
         return out
-
-    def _eigenbases(self, members, state) -> None:
-        for side in ("left", "right"):
-            factors = stacked([state[f"factor_{side}"][i][k] for i, k in members])
-            previous = stacked([state[f"basis_{side}"][i][k] for i, k in members])
-            bases, failed = eigenbases(factors, torch.promote_types(factors.dtype, torch.float32), previous)
-            self.eigh_failures += failed
-            write_back(bases, members, state[f"basis_{side}"])
 
     def _power_iteration(self, members, state) -> None:
         v = stacked([state["exp_avg_sq"][i][k] for i, k in members])

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from tests.references.shampoo import block_run
+
 
 class SOAPReference:
     def __init__(self, params, lr, betas=(0.95, 0.95), shampoo_beta=None, eps=1e-8, weight_decay=0.01,
@@ -22,7 +24,7 @@ class SOAPReference:
             blocks = []
             if p.dim() >= 2 and p.numel():
                 rows, cols = p.shape[0], math.prod(p.shape[1:])
-                dr, dc = _run(rows, max_precond_dim), _run(cols, max_precond_dim)
+                dr, dc = block_run(rows, max_precond_dim), block_run(cols, max_precond_dim)
                 for r in range(0, rows, dr):
                     for c in range(0, cols, dc):
                         nr, nc = min(dr, rows - r), min(dc, cols - c)
@@ -71,8 +73,3 @@ class SOAPReference:
                         b["v"] = b["v"][order, :] if side == "QL" else b["v"][:, order]
                         b[side] = torch.linalg.qr(b[factor] @ q)[0]
             p.sub_(o["lr"] * (direction.reshape(p.shape) + o["wd"] * p))
-
-
-def _run(length: int, max_dim: int) -> int:
-    """Blocks of a side: ceil(length / max_dim) runs of equal length, the last one shorter."""
-    return math.ceil(length / math.ceil(length / max_dim))
