@@ -61,9 +61,6 @@ class KLFactors(FactorCounters, Transform):
         "max_clamp_value": Hyper(4000, positive_int, static=True),
         "batch_blocks": Hyper(True, boolean, static=True),
     }
-    #: the moment of a matrix lives in the parameter's space (KL-Shampoo), not in the eigenbasis (KL-SOAP)
-    moment_in_parameter_space = True
-
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         dtype, device = state_dtype(param), param.device
         out = {"exp_avg": torch.zeros_like(param, dtype=dtype), "exp_avg_sq": torch.zeros_like(param, dtype=dtype)}
@@ -71,16 +68,16 @@ class KLFactors(FactorCounters, Transform):
         if param.dim() >= 2 and param.numel() > 0:
             b = Blocking.of(param.shape, group["max_precond_dim"])
             n, r, c = b.count, b.block_rows, b.block_cols
-            out.update(self.matrix_moments(n, r, c, dtype, device))
+            out["exp_avg_sq"] = self.matrix_second_moment(n, r, c, dtype, device)
         for side, size in (("left", r), ("right", c)):
             out[f"factor_{side}"] = torch.zeros(n, size, size, dtype=dtype, device=device)
             out[f"basis_{side}"] = torch.eye(size, dtype=dtype, device=device).expand(n, size, size).clone()
             out[f"eigen_{side}"] = torch.zeros(n, size, dtype=dtype, device=device)
         return out
 
-    def matrix_moments(self, n: int, r: int, c: int, dtype, device) -> dict[str, Tensor]:
-        """The moment buffers of a matrix of n (r, c) blocks: KL-Shampoo's first moment is the parameter's."""
-        return {"exp_avg_sq": torch.zeros(0, dtype=dtype, device=device)}
+    def matrix_second_moment(self, n: int, r: int, c: int, dtype, device) -> Tensor:
+        """The second moment of a matrix of n (r, c) blocks: none for KL-Shampoo."""
+        return torch.zeros(0, dtype=dtype, device=device)
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         b1, b2 = hyper["betas"]
@@ -93,8 +90,6 @@ class KLFactors(FactorCounters, Transform):
         matrices = [i for i, f in enumerate(state["factor_left"]) if f.numel() > 0]
         out = list(updates)
         for i, (u, m, v) in enumerate(zip(updates, state["exp_avg"], state["exp_avg_sq"])):
-            if i in matrices and not self.moment_in_parameter_space:
-                continue
             m.lerp_(u, ctx["one_minus_beta1"])
             if i not in matrices:
                 v.mul_(ctx["betas"][1]).add_(u * u * ctx["one_minus_beta2"])
@@ -105,7 +100,7 @@ class KLFactors(FactorCounters, Transform):
         blockings = {i: Blocking.of(updates[i].shape, ctx["max_precond_dim"]) for i in matrices}
         grads = {i: blockings[i].split(updates[i]) for i in matrices}
         result = {i: torch.empty_like(grads[i]) for i in matrices}
-        moments = {i: blockings[i].split(state["exp_avg"][i]) for i in matrices if self.moment_in_parameter_space}
+        moments = {i: blockings[i].split(state["exp_avg"][i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             g = stacked([grads[i][k] for i, k in members])
             if first:
@@ -117,7 +112,7 @@ class KLFactors(FactorCounters, Transform):
                 self._estimate(g, members, state, ctx)
             if refresh:
                 self.factor_skips.flush()
-                self.refresh_bases(members, state)
+                self._refresh_bases(members, state)
         for i in matrices:
             out[i] = blockings[i].merge(result[i])
         return out
@@ -159,8 +154,7 @@ class KLFactors(FactorCounters, Transform):
             new = torch.lerp(d, diagonal, w).clamp_(min=floor)
             write_back(torch.where(finite_blocks(new[:, None, :])[:, None], new, d), members, state[f"eigen_{side}"])
 
-    def refresh_bases(self, members, state) -> None:
-        """Q <- qr(S Q) for both sides; a basis whose QR is not finite keeps its value."""
+    def _refresh_bases(self, members, state) -> None:
         for side in ("left", "right"):
             f = stacked([state[f"factor_{side}"][i][k] for i, k in members])
             q = stacked([state[f"basis_{side}"][i][k] for i, k in members])
