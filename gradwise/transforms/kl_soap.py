@@ -1,11 +1,9 @@
 """KL-SOAP: Adam in the eigenbasis of KL-Shampoo's factors (Lin et al., 2025, arXiv:2509.03378)."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from gradwise.core.transform import Context
-from gradwise.transforms.blocking import stacked, write_back
 from gradwise.transforms.kl_shampoo import KLFactors
 
 
@@ -22,14 +20,8 @@ class scale_by_kl_soap(KLFactors):  # noqa: N801 - transforms are named like fun
 
     name = "kl_soap"
 
-    def matrix_second_moment(self, n: int, r: int, c: int, dtype, device) -> Tensor:
-        return torch.zeros(n, r, c, dtype=dtype, device=device)
+    def matrix_second_moment(self, blocks: Tensor) -> Tensor:
+        return blocks
 
-    def direction(self, g: Tensor, members, moments, state, ctx: Context) -> Tensor:
-        ql, qr = (stacked([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
-        rotated = ql.mT @ g @ qr
-        v = stacked([state["exp_avg_sq"][i][k] for i, k in members])  # the state itself for a lone member
-        v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
-        write_back(v, members, state["exp_avg_sq"])
-        m = ql.mT @ stacked([moments[i][k] for i, k in members]) @ qr
-        return ql @ (m / (v.sqrt() + ctx["eps"])) @ qr.mT
+    def direction(self, g: Tensor, moments: list[Tensor], members, state, ctx: Context) -> Tensor:
+        return self.eigenbasis_adam(g, moments, members, state, ctx)
