@@ -8,36 +8,24 @@ import math
 
 import torch
 
-from tests.references.shampoo import block_run
+from tests.references.soap import SOAPReference
 
 
-class KLShampooReference:
+class KLShampooReference(SOAPReference):
     soap = False
 
     def __init__(self, params, lr, betas=(0.9, 0.98), shampoo_beta=None, eps=1e-8, weight_decay=0.01,
                  precondition_frequency=10, max_precond_dim=10000, init_factor=0.1, max_clamp_value=4000,
                  first_bases=None):
-        """``first_bases``: for each parameter, the (Q_L, Q_R) of each of its blocks at step 1, used instead of
-        ``eigh``'s (a rectangular block's larger factor is singular there, its null space's basis arbitrary)."""
-        self.params = list(params)
+        """SOAP's blocks, moments and options; ``first_bases``: for each parameter, the (Q_L, Q_R) of each of its
+        blocks at step 1, used instead of ``eigh``'s (a rectangular block's larger factor is singular there,
+        its null space's basis arbitrary)."""
+        super().__init__(params, lr, betas, shampoo_beta, eps, weight_decay, precondition_frequency, max_precond_dim)
+        self.o.update(init=init_factor, clamp=max_clamp_value)
         self.first_bases = first_bases
-        self.o = dict(lr=lr, b1=betas[0], b2=betas[1], s=betas[1] if shampoo_beta is None else shampoo_beta, eps=eps,
-                      wd=weight_decay, f=precondition_frequency, init=init_factor, clamp=max_clamp_value)
-        self.t = 0
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]  # for parameters without blocks
-        self.blocks = []
-        for p in self.params:
-            blocks = []
-            if p.dim() >= 2 and p.numel():
-                rows, cols = p.shape[0], math.prod(p.shape[1:])
-                dr, dc = block_run(rows, max_precond_dim), block_run(cols, max_precond_dim)
-                for r in range(0, rows, dr):
-                    for c in range(0, cols, dc):
-                        nr, nc = min(dr, rows - r), min(dc, cols - c)
-                        blocks.append(dict(rows=slice(r, r + nr), cols=slice(c, c + nc),
-                                           m=torch.zeros(nr, nc, dtype=p.dtype), v=torch.zeros(nr, nc, dtype=p.dtype)))
-            self.blocks.append(blocks)
+        for blocks in self.blocks:
+            for b in blocks:
+                b["m"] = torch.zeros_like(b["v"])
 
     def _first(self, b, g, given):
         o, (r, c) = self.o, g.shape
