@@ -1,11 +1,12 @@
 """KL-Shampoo and KL-SOAP equal a float64 reference written from the paper step by step, batched or one
-block at a time; bad arguments are named; a failed basis refresh keeps the basis."""
+block at a time; bad arguments are named; a failed basis refresh keeps the basis; ``estimate`` is exact."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import gradwise
+from bench.step import state_bytes
 from tests.references.kl_shampoo import KLShampooReference, KLSOAPReference
 from tests.test_parity import assert_trajectories_close, run_bag, run_mlp
 
@@ -82,6 +83,20 @@ def test_a_failed_basis_refresh_is_counted_and_keeps_the_basis(recipe, prefix):
     assert optimizer.eigh_failures == 1
     torch.testing.assert_close(optimizer.state[p][f"{prefix}.basis_left"], before)
     assert p.isfinite().all()
+
+
+@pytest.mark.parametrize("recipe", ["KLShampoo", "KLSOAP"])
+@pytest.mark.parametrize("state", [None, "int8"])
+def test_estimate_equals_the_bytes_a_step_allocates(recipe, state):
+    """A blocked (and padded) matrix, an embedding and a vector: factors, bases, eigenvalues, moments."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Embedding(90, 48), torch.nn.Linear(48, 20))
+    predicted = gradwise.estimate(net, recipe, state=state, max_precond_dim=32)
+    optimizer = getattr(gradwise, recipe)(net.parameters(), state=state, max_precond_dim=32, compile=False)
+    for p in net.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    assert predicted.total == state_bytes(optimizer)
 
 
 def _bases(optimizer):
