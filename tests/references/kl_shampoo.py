@@ -4,8 +4,6 @@ refreshed by one power iteration and QR, as the authors' code does) one block at
 without padding: an independent reference for ``gradwise.KLShampoo`` and ``gradwise.KLSOAP``."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from tests.references.soap import SOAPReference
@@ -62,31 +60,17 @@ class KLShampooReference(SOAPReference):
         b["QL"], b["QR"] = torch.linalg.qr(b["L"] @ b["QL"])[0], torch.linalg.qr(b["R"] @ b["QR"])[0]
         b["m"] = b["QL"].T @ moment @ b["QR"]
 
-    @torch.no_grad()
-    def step(self):
-        o = self.o
-        self.t += 1
+    def _block(self, b, gb, mb, scale, index):
+        """SOAP's walk over the blocks, with the KL updates; ``scale`` (SOAP's bias correction) is not used."""
         t = self.t
-        scale = math.sqrt(1 - o["b2"] ** t) / (1 - o["b1"] ** t)
-        for j, (p, m, v, blocks) in enumerate(zip(self.params, self.m, self.v, self.blocks)):
-            g = p.grad.clone()
-            m.copy_(o["b1"] * m + (1 - o["b1"]) * g)
-            if not blocks:
-                v.copy_(o["b2"] * v + (1 - o["b2"]) * g * g)
-                p.sub_(o["lr"] * (scale * m / (v.sqrt() + o["eps"]) + o["wd"] * p))
-                continue
-            g2, m2 = g.reshape(p.shape[0], -1), m.reshape(p.shape[0], -1)
-            direction = torch.zeros_like(g2)
-            for n, b in enumerate(blocks):
-                gb = g2[b["rows"], b["cols"]]
-                if t == 1:
-                    self._first(b, gb, self.first_bases and self.first_bases[j][n])
-                direction[b["rows"], b["cols"]] = self._direction(b, gb, m2[b["rows"], b["cols"]])
-                if t > 1:
-                    self._estimate(b, gb)
-                if t > 1 and t % o["f"] == 0:
-                    self._refresh(b)
-            p.sub_(o["lr"] * (direction.reshape(p.shape) + o["wd"] * p))
+        if t == 1:
+            self._first(b, gb, self.first_bases and self.first_bases[index[0]][index[1]])
+        direction = self._direction(b, gb, mb)
+        if t > 1:
+            self._estimate(b, gb)
+        if t > 1 and t % self.o["f"] == 0:
+            self._refresh(b)
+        return direction
 
 
 class KLSOAPReference(KLShampooReference):
