@@ -1,5 +1,5 @@
 """What each state format costs the recipes whose step amplifies small state errors (Muon, NorMuon,
-Shampoo, SOAP), next to AdamW: held-out loss after 150 steps on a 64-96-8 regression MLP (tanh), mean of 3
+Shampoo, SOAP, KLSOAP), next to AdamW: held-out loss after 150 steps on a 64-96-8 regression MLP (tanh), mean of 3
 seeds, relative to float32 state. The same task as ``tests/test_state_optimizer.py``'s loss check.
 Run with ``python bench/memory.py --recipe-quality --formats '' --quality-formats ''``.
 """
@@ -12,6 +12,7 @@ RECIPES = {
     "NorMuon": {"lr": 0.02, "adamw_lr": 1e-3, "weight_decay": 0.1},
     "Shampoo": {"lr": 0.01, "precondition_frequency": 2, "max_preconditioner_dim": 8},
     "SOAP": {"lr": 0.01, "precondition_frequency": 2, "max_precond_dim": 8},
+    "KLSOAP": {"lr": 0.01, "precondition_frequency": 2, "max_precond_dim": 8},
 }
 FORMATS = (None, "bf16", "int8", "int4")
 

@@ -24,8 +24,8 @@ import torch
 
 import gradwise
 
-#: name -> (class, fixed hyperparameters). Shampoo and SOAP recompute their preconditioners every 10
-#: steps, PSGDKron fits its own on pytorch-optimizer's schedule; weight decay is off everywhere (the problem
+#: name -> (class, fixed hyperparameters). Shampoo, SOAP, KLShampoo and KLSOAP recompute their preconditioners
+#: every 10 steps, PSGDKron fits its own on pytorch-optimizer's schedule; weight decay is off everywhere (the problem
 #: is unregularized).
 OPTIMIZERS = {
     "AdamW": (gradwise.AdamW, dict(weight_decay=0.0, betas=(0.9, 0.999))),
@@ -33,6 +33,8 @@ OPTIMIZERS = {
     "SOAP": (gradwise.SOAP, dict(weight_decay=0.0, precondition_frequency=10)),
     "Muon": (gradwise.Muon, dict(weight_decay=0.0, ns_dtype=torch.float32)),
     "PSGDKron": (gradwise.PSGDKron, dict(weight_decay=0.0)),
+    "KLShampoo": (gradwise.KLShampoo, dict(weight_decay=0.0, precondition_frequency=10)),
+    "KLSOAP": (gradwise.KLSOAP, dict(weight_decay=0.0, precondition_frequency=10)),
 }
 LR_GRID = [10 ** (k / 2) for k in range(-8, 2)]  # 1e-4, 3e-4, ..., 1, 3
 

@@ -45,6 +45,7 @@ _EXPORTS = {
     "gradwise.recipes.badam": ("BAdam",),
     "gradwise.recipes.psgd_kron": ("PSGDKron",),
     "gradwise.qk_clip": ("qk_clip",),
+    "gradwise.recipes.kl_shampoo": ("KLShampoo", "KLSOAP"),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
     "gradwise.state.sharded_estimate": ("estimate_sharded",),
@@ -55,6 +56,8 @@ _EXPORTS = {
     "gradwise.transforms.apollo": ("scale_by_apollo",),
     "gradwise.transforms.low_rank": ("project_low_rank",),
     "gradwise.transforms.normuon": ("scale_by_neuron_second_moment",),
+    "gradwise.transforms.kl_shampoo": ("scale_by_kl_shampoo",),
+    "gradwise.transforms.kl_soap": ("scale_by_kl_soap",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -75,6 +78,7 @@ __all__ += ["APOLLO", "APOLLOMini", "CAME", "Adafactor", "AdamMini", "GaLoreAdam
 __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon", "scale_by_neuron_second_moment"]
 __all__ += ["SPAM", "AdamC"]
+__all__ += ["KLShampoo", "KLSOAP", "scale_by_kl_shampoo", "scale_by_kl_soap"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["DeMo", "DiLoCo"]

@@ -206,6 +206,11 @@ ENTRIES = [
            fused_backward=False, amplifies_state_error=True),
     _entry(gradwise.SOAP, None, ("soap", dict(lr=0.01, precondition_frequency=2, max_precond_dim=8)),
            fused_backward=False, amplifies_state_error=True),
+    # float64 references from the paper in tests/test_kl_shampoo.py
+    _entry(gradwise.KLShampoo, None, ("kl-shampoo", dict(lr=0.01, precondition_frequency=2, max_precond_dim=8)),
+           fused_backward=False),
+    _entry(gradwise.KLSOAP, None, ("kl-soap", dict(lr=0.01, precondition_frequency=2, max_precond_dim=8)),
+           fused_backward=False, amplifies_state_error=True),
     _entry(gradwise.Adafactor, _adafactor, ("adafactor", dict(lr=0.01, weight_decay=0.1, d=1.5)),
            maximize_reference=True, torch_counterpart=torch.optim.Adafactor),
     _entry(gradwise.CAME, _came, ("came", dict(lr=1e-3, weight_decay=0.1, clip_threshold=1.5)),

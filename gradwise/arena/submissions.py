@@ -68,6 +68,13 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
     # PSGD Kron (Li 2018, arXiv:1809.10232): pytorch-optimizer 4.1.0's Kron defaults (lr 1e-3, momentum 0.9, no weight
     # decay, its update-probability schedule), with the arena's warmup and cosine decay; not tuned here
     "PSGDKron": {"lr": 1e-3, "momentum": 0.9, "weight_decay": 0.0, "warmup_factor": 0.05},
+    # KL-Shampoo and KL-SOAP (Lin et al. 2025, arXiv:2509.03378): betas, eps and frequency of the authors' code
+    # (github.com/yorkerlin/KL-Methods, optim/kl_opt.py), whose lr 1e-4 is a placeholder (the paper tunes it):
+    # SOAP's lr and weight decay above instead (not tuned here)
+    "KLShampoo": {"lr": 3e-3, "beta1": 0.9, "beta2": 0.98, "weight_decay": 0.01, "precondition_frequency": 10,
+                  "warmup_factor": 0.05},
+    "KLSOAP": {"lr": 3e-3, "beta1": 0.9, "beta2": 0.98, "weight_decay": 0.01, "precondition_frequency": 10,
+               "warmup_factor": 0.05},
     # Schedule-Free AdamW (Defazio et al. 2024, arXiv:2405.15682): schedulefree 1.4.1's defaults, and no LR
     # schedule, which is the method's point; the runner evaluates it at x (its eval mode)
     "ScheduleFreeAdamW": {"lr": 2.5e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, "schedule": "constant"},

@@ -11,6 +11,7 @@ from gradwise.recipes.apollo import APOLLO, APOLLOMini
 from gradwise.recipes.came import CAME
 from gradwise.recipes.frugal import FRUGAL
 from gradwise.recipes.galore import GaLoreAdamW
+from gradwise.recipes.kl_shampoo import KLSOAP, KLShampoo
 from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.lookahead import Lookahead
@@ -36,6 +37,7 @@ __all__ += ["NorMuon"]
 __all__ += ["SPAM", "AdamC"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["PSGDKron"]
+__all__ += ["KLSOAP", "KLShampoo"]
 
 
 def takes_state() -> list[str]:

@@ -16,6 +16,8 @@ from gradwise.transforms.factored import (
     scale_by_relative_step,
 )
 from gradwise.transforms.gradient_shaping import centralize_gradient, clip_by_agc, normalize_gradient
+from gradwise.transforms.kl_shampoo import scale_by_kl_shampoo
+from gradwise.transforms.kl_soap import scale_by_kl_soap
 from gradwise.transforms.learning_rate import scale_by_learning_rate, scale_by_schedule
 from gradwise.transforms.lookahead import lookahead
 from gradwise.transforms.low_rank import project_low_rank
@@ -80,6 +82,8 @@ __all__ = [
     "scale_by_confidence",
     "scale_by_factored_rms",
     "scale_by_learning_rate",
+    "scale_by_kl_shampoo",
+    "scale_by_kl_soap",
     "scale_by_lion",
     "scale_by_madgrad",
     "scale_by_nadam",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradwise.transforms.matrix_root import finite_blocks
+from gradwise.transforms.matrix_root import eigenbases, finite_blocks
 
 
 @dataclass(frozen=True)
@@ -119,22 +119,42 @@ def write_back(stack: Tensor, members: list[tuple[int, slice]], buffers: list[Te
 
 def accumulate_factors(grads: Tensor, members, state, weight: Tensor | None) -> Tensor:
     """Shampoo's Kronecker statistics for stacked blocks ``grads``: L <- L + G G^T and R <- R + G^T G
-    (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages).
+    (``weight`` None: AdaGrad-style sums), or L <- L + weight (G G^T - L) and likewise R (moving averages),
+    each side through ``accumulate_factor``. Returns the number of (block, side) updates skipped."""
+    return (accumulate_factor(grads @ grads.mT, members, state["factor_left"], weight)
+            + accumulate_factor(grads.mT @ grads, members, state["factor_right"], weight))
+
+
+def accumulate_factor(outer: Tensor, members, factors: list[Tensor], weight: Tensor | None) -> Tensor:
+    """F <- F + X (``weight`` None) or F <- F + weight (X - F) for each member block's factor F of
+    ``factors``, X the block's matrix in the stack ``outer`` (overwritten).
 
     A block whose new factor would not be finite (a gradient entry of 1e20 squares past float32's
     range; a NaN) keeps its factor, so one bad gradient never poisons the preconditioner for good.
-    Returns the number of (block, side) updates skipped, a 0-d tensor on the device (no sync)."""
-    skipped = torch.zeros((), dtype=torch.int64, device=grads.device)
-    for side, outer in (("left", grads @ grads.mT), ("right", grads.mT @ grads)):
-        for (i, k), piece in zip(members, pieces(outer, members)):
-            factor = state[f"factor_{side}"][i][k]
-            # the new factor is written over the product (a temporary), then where it is finite over the factor
-            new = torch.add(factor, piece, out=piece) if weight is None else torch.lerp(factor, piece, weight,
-                                                                                          out=piece)
-            ok = finite_blocks(new)[:, None, None]
-            torch.where(ok, new, factor, out=factor)
-            skipped += (~ok).sum()
+    Returns the number of blocks skipped, a 0-d tensor on the device (no sync)."""
+    skipped = torch.zeros((), dtype=torch.int64, device=outer.device)
+    for (i, k), piece in zip(members, pieces(outer, members)):
+        factor = factors[i][k]
+        # the new factor is written over the product (a temporary), then where it is finite over the factor
+        new = torch.add(factor, piece, out=piece) if weight is None else torch.lerp(factor, piece, weight, out=piece)
+        ok = finite_blocks(new)[:, None, None]
+        torch.where(ok, new, factor, out=factor)
+        skipped += (~ok).sum()
     return skipped
+
+
+def refresh_eigenbases(members, state) -> int:
+    """Each member block's ``basis_left`` and ``basis_right`` set to the eigenvectors of its factors
+    (``factor_left``, ``factor_right``) by decreasing eigenvalue, computed in at least float32; a block
+    whose ``eigh`` fails keeps its basis (a warning). Returns the number of bases that fell back."""
+    failed = 0
+    for side in ("left", "right"):
+        factors = stacked([state[f"factor_{side}"][i][k] for i, k in members])
+        previous = stacked([state[f"basis_{side}"][i][k] for i, k in members])
+        bases, fell_back = eigenbases(factors, torch.promote_types(factors.dtype, torch.float32), previous)
+        failed += fell_back
+        write_back(bases, members, state[f"basis_{side}"])
+    return failed
 
 
 class SkippedUpdates:

@@ -14,10 +14,11 @@ from gradwise.transforms.blocking import (
     accumulate_factors,
     block_groups,
     pieces,
+    refresh_eigenbases,
     stacked,
     write_back,
 )
-from gradwise.transforms.matrix_root import eigenbases, finite_blocks, keep_previous
+from gradwise.transforms.matrix_root import finite_blocks, keep_previous
 
 
 class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are named like functions (optax grammar)
@@ -91,35 +92,38 @@ class scale_by_soap(FactorCounters, Transform):  # noqa: N801 - transforms are n
         result = {i: torch.empty_like(grads[i]) for i in matrices}
         for members in block_groups(matrices, blockings, ctx["batch_blocks"]):
             g = stacked([grads[i][k] for i, k in members])
-            if first:
-                self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
-                self.factor_skips.flush()
-                self._eigenbases(members, state)
-            ql, qr = (stacked([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
-            rotated = ql.mT @ g @ qr
-            v = stacked([state["exp_avg_sq"][i][k] for i, k in members])  # the state itself for a lone member
-            v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
-            rotated_moment = ql.mT @ stacked([moments[i][k] for i, k in members]) @ qr
-            direction = ql @ (rotated_moment / (v.sqrt() + ctx["eps"])) @ qr.mT
+            direction = self.block_step(g, [moments[i][k] for i, k in members], members, state, ctx, first, refresh)
             for (i, k), piece in zip(members, pieces(direction, members)):
-                result[i][k] = piece * ctx["step_scale"]
-            write_back(v, members, state["exp_avg_sq"])
-            if not first:
-                self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
-            if refresh:
-                self.factor_skips.flush()
-                self._power_iteration(members, state)
+                result[i][k] = piece
         for i in matrices:
             out[i] = blockings[i].merge(result[i])
         return out
 
-    def _eigenbases(self, members, state) -> None:
-        for side in ("left", "right"):
-            factors = stacked([state[f"factor_{side}"][i][k] for i, k in members])
-            previous = stacked([state[f"basis_{side}"][i][k] for i, k in members])
-            bases, failed = eigenbases(factors, torch.promote_types(factors.dtype, torch.float32), previous)
-            self.eigh_failures += failed
-            write_back(bases, members, state[f"basis_{side}"])
+    def block_step(self, g: Tensor, moments: list[Tensor], members, state, ctx: Context, first: bool,
+                   refresh: bool) -> Tensor:
+        """The direction of the stacked blocks ``g`` (their first moments ``moments``, already updated), and
+        their factors and bases updated."""
+        if first:
+            self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
+            self.factor_skips.flush()
+            self.eigh_failures += refresh_eigenbases(members, state)
+        direction = self.eigenbasis_adam(g, moments, members, state, ctx) * ctx["step_scale"]
+        if not first:
+            self.factor_skips.add(accumulate_factors(g, members, state, ctx["one_minus_shampoo_beta"]))
+        if refresh:
+            self.factor_skips.flush()
+            self._power_iteration(members, state)
+        return direction
+
+    def eigenbasis_adam(self, g: Tensor, moments: list[Tensor], members, state, ctx: Context) -> Tensor:
+        """Q_L [(Q_L^T m Q_R) / (sqrt(v) + eps)] Q_R^T, v <- b2 v + (1-b2) (Q_L^T G Q_R)^2 (no bias correction)."""
+        ql, qr = (stacked([state[f"basis_{side}"][i][k] for i, k in members]) for side in ("left", "right"))
+        rotated = ql.mT @ g @ qr
+        v = stacked([state["exp_avg_sq"][i][k] for i, k in members])  # the state itself for a lone member
+        v.mul_(ctx["betas"][1]).add_(rotated * rotated * ctx["one_minus_beta2"])
+        write_back(v, members, state["exp_avg_sq"])
+        rotated_moment = ql.mT @ stacked(moments) @ qr
+        return ql @ (rotated_moment / (v.sqrt() + ctx["eps"])) @ qr.mT
 
     def _power_iteration(self, members, state) -> None:
         v = stacked([state["exp_avg_sq"][i][k] for i, k in members])

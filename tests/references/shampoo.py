@@ -32,7 +32,7 @@ class ShampooReference:
             return []
         rows, cols = p.shape[0], math.prod(p.shape[1:])
         out = []
-        dr, dc = _run(rows, self.o["dim"]), _run(cols, self.o["dim"])
+        dr, dc = block_run(rows, self.o["dim"]), block_run(cols, self.o["dim"])
         for r in range(0, rows, dr):
             for c in range(0, cols, dc):
                 nr, nc = min(dr, rows - r), min(dc, cols - c)
@@ -85,6 +85,6 @@ class ShampooReference:
             p.sub_(o["lr"] * direction)
 
 
-def _run(length: int, max_dim: int) -> int:
+def block_run(length: int, max_dim: int) -> int:
     """Blocks of a side: ceil(length / max_dim) runs of equal length, the last one shorter."""
     return math.ceil(length / math.ceil(length / max_dim))

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from tests.references.shampoo import block_run
+
 
 class SOAPReference:
     def __init__(self, params, lr, betas=(0.95, 0.95), shampoo_beta=None, eps=1e-8, weight_decay=0.01,
@@ -22,7 +24,7 @@ class SOAPReference:
             blocks = []
             if p.dim() >= 2 and p.numel():
                 rows, cols = p.shape[0], math.prod(p.shape[1:])
-                dr, dc = _run(rows, max_precond_dim), _run(cols, max_precond_dim)
+                dr, dc = block_run(rows, max_precond_dim), block_run(cols, max_precond_dim)
                 for r in range(0, rows, dr):
                     for c in range(0, cols, dc):
                         nr, nc = min(dr, rows - r), min(dc, cols - c)
@@ -42,7 +44,7 @@ class SOAPReference:
         self.t += 1
         t = self.t
         scale = math.sqrt(1 - o["b2"] ** t) / (1 - o["b1"] ** t)
-        for p, m, v, blocks in zip(self.params, self.m, self.v, self.blocks):
+        for j, (p, m, v, blocks) in enumerate(zip(self.params, self.m, self.v, self.blocks)):
             g = p.grad.clone()
             m.copy_(o["b1"] * m + (1 - o["b1"]) * g)
             if not blocks:
@@ -51,28 +53,30 @@ class SOAPReference:
                 continue
             g2, m2 = g.reshape(p.shape[0], -1), m.reshape(p.shape[0], -1)
             direction = torch.zeros_like(g2)
-            for b in blocks:
-                gb, mb = g2[b["rows"], b["cols"]], m2[b["rows"], b["cols"]]
-                if t == 1:
-                    self._accumulate(b, gb)
-                    b["QL"] = torch.linalg.eigh(b["L"])[1].flip(1)
-                    b["QR"] = torch.linalg.eigh(b["R"])[1].flip(1)
-                rotated = b["QL"].T @ gb @ b["QR"]
-                b["v"] = o["b2"] * b["v"] + (1 - o["b2"]) * rotated**2
-                adam = (b["QL"].T @ mb @ b["QR"]) / (b["v"].sqrt() + o["eps"])
-                direction[b["rows"], b["cols"]] = scale * (b["QL"] @ adam @ b["QR"].T)
-                if t > 1:
-                    self._accumulate(b, gb)
-                if t > 1 and t % o["f"] == 0:
-                    for side, factor in (("QL", "L"), ("QR", "R")):
-                        q = b[side]
-                        order = torch.argsort(torch.diag(q.T @ b[factor] @ q), descending=True)
-                        q = q[:, order]
-                        b["v"] = b["v"][order, :] if side == "QL" else b["v"][:, order]
-                        b[side] = torch.linalg.qr(b[factor] @ q)[0]
+            for n, b in enumerate(blocks):
+                rows, cols = b["rows"], b["cols"]
+                direction[rows, cols] = self._block(b, g2[rows, cols], m2[rows, cols], scale, (j, n))
             p.sub_(o["lr"] * (direction.reshape(p.shape) + o["wd"] * p))
 
-
-def _run(length: int, max_dim: int) -> int:
-    """Blocks of a side: ceil(length / max_dim) runs of equal length, the last one shorter."""
-    return math.ceil(length / math.ceil(length / max_dim))
+    def _block(self, b, gb, mb, scale, index):
+        """The direction of block ``b`` (gradient ``gb``, first moment ``mb``), its statistics updated; ``index``:
+        (parameter, block)."""
+        o, t = self.o, self.t
+        if t == 1:
+            self._accumulate(b, gb)
+            b["QL"] = torch.linalg.eigh(b["L"])[1].flip(1)
+            b["QR"] = torch.linalg.eigh(b["R"])[1].flip(1)
+        rotated = b["QL"].T @ gb @ b["QR"]
+        b["v"] = o["b2"] * b["v"] + (1 - o["b2"]) * rotated**2
+        adam = (b["QL"].T @ mb @ b["QR"]) / (b["v"].sqrt() + o["eps"])
+        direction = scale * (b["QL"] @ adam @ b["QR"].T)
+        if t > 1:
+            self._accumulate(b, gb)
+        if t > 1 and t % o["f"] == 0:
+            for side, factor in (("QL", "L"), ("QR", "R")):
+                q = b[side]
+                order = torch.argsort(torch.diag(q.T @ b[factor] @ q), descending=True)
+                q = q[:, order]
+                b["v"] = b["v"][order, :] if side == "QL" else b["v"][:, order]
+                b[side] = torch.linalg.qr(b[factor] @ q)[0]
+        return direction
