@@ -42,6 +42,7 @@ _EXPORTS = {
     "gradwise.recipes.mezo": ("MeZO",),
     "gradwise.recipes.frugal": ("FRUGAL",),
     "gradwise.recipes.subset_norm": ("SubsetNorm",),
+    "gradwise.recipes.micro_adam": ("MicroAdam",),
     "gradwise.recipes.badam": ("BAdam",),
     "gradwise.state": ("StatePolicy",),
     "gradwise.state.estimate": ("estimate",),
@@ -75,6 +76,7 @@ __all__ += ["NorMuon", "scale_by_neuron_second_moment"]
 __all__ += ["SPAM", "AdamC"]
 __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
+__all__ += ["MicroAdam"]
 __all__ += ["DiLoCo"]
 
 

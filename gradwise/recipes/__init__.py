@@ -15,6 +15,7 @@ from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.mars import MARS
+from gradwise.recipes.micro_adam import MicroAdam
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.normuon import NorMuon
@@ -34,6 +35,7 @@ __all__ += ["ADOPT", "MARS", "AdEMAMix"]
 __all__ += ["NorMuon"]
 __all__ += ["SPAM", "AdamC"]
 __all__ += ["FRUGAL", "SubsetNorm"]
+__all__ += ["MicroAdam"]
 
 
 def takes_state() -> list[str]:

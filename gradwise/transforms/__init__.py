@@ -22,6 +22,7 @@ from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.low_rank_rest import project_low_rank_with_rest
 from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.mars import mars_correction
+from gradwise.transforms.micro_adam import scale_by_micro_adam
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -81,6 +82,7 @@ __all__ = [
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_madgrad",
+    "scale_by_micro_adam",
     "scale_by_nadam",
     "scale_by_neuron_second_moment",
     "scale_by_param_block_rms",
