@@ -123,3 +123,15 @@ def test_the_window_forgets_a_gradient_after_m_steps():
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         gradwise.MicroAdam([torch.zeros(3, requires_grad=True)], **kwargs)
+
+
+def test_estimate_counts_the_window_and_the_error_feedback():
+    params = [*bag_of_tensors(torch.float32), torch.zeros(40_000, requires_grad=True)]
+    optimizer = gradwise.MicroAdam(params, compile=False)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    held = sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values())
+    assert gradwise.estimate(params, gradwise.MicroAdam).total == held
+    assert gradwise.estimate(params, gradwise.MicroAdam).by("format")["uint8"] == sum((p.numel() + 1) // 2
+                                                                                     for p in params)
