@@ -1,5 +1,6 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
+from gradwise.transforms.active_blocks import project_active_blocks
 from gradwise.transforms.adalomo import scale_by_adalomo
 from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
@@ -65,6 +66,7 @@ __all__ = [
     "mars_correction",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
+    "project_active_blocks",
     "project_low_rank",
     "project_low_rank_with_rest",
     "route",
