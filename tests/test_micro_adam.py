@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import bag_of_tensors, sin_loss
+from tests.models import bag_of_tensors, step_beside_reference
 
 STEPS = 25
 
@@ -61,18 +61,11 @@ def _compare(kwargs):
     theirs = [p.detach().clone() for p in ours]
     optimizer = gradwise.MicroAdam(ours, compile=False, **kwargs)
     references = [Reference(p, kwargs) for p in theirs]
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        sin_loss(ours, step).backward()
-        optimizer.step()
-        leaves = [p.requires_grad_() for p in theirs]
-        grads = torch.autograd.grad(sin_loss(leaves, step), leaves)
-        theirs = [p.detach() for p in leaves]
-        with torch.no_grad():
-            for r, p, g in zip(references, theirs, grads):
-                p -= kwargs["lr"] * (r.direction(g) + kwargs.get("weight_decay", 0.0) * p)
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            torch.testing.assert_close(a.detach(), b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{step}, {i}: {m}")
+
+    def reference_step(i, p, g):
+        p -= kwargs["lr"] * (references[i].direction(g) + kwargs.get("weight_decay", 0.0) * p)
+
+    step_beside_reference(optimizer, ours, theirs, STEPS, reference_step)
     return optimizer, ours
 
 
