@@ -31,6 +31,7 @@ OPTIMIZERS = {
     "Shampoo": (gradwise.Shampoo, dict(weight_decay=0.0, precondition_frequency=10)),
     "SOAP": (gradwise.SOAP, dict(weight_decay=0.0, precondition_frequency=10)),
     "Muon": (gradwise.Muon, dict(weight_decay=0.0, ns_dtype=torch.float32)),
+    "MicroAdam": (gradwise.MicroAdam, dict(weight_decay=0.0)),  # the authors' window of 10, 1% Top-K
 }
 LR_GRID = [10 ** (k / 2) for k in range(-8, 2)]  # 1e-4, 3e-4, ..., 1, 3
 
