@@ -33,9 +33,9 @@ class around(Transform):  # noqa: N801 - transforms are named like functions (op
             return self
         cache = self.__dict__.setdefault("_resolved", {})
         if id(inner) not in cache:
-            cache[id(inner)] = self.around(inner)
+            cache[id(inner)] = self.rewrapped(inner)
         return cache[id(inner)]
 
-    def around(self, inner: Transform) -> "around":
+    def rewrapped(self, inner: Transform) -> "around":
         """This modifier, with its own settings, around another ``inner``."""
         return type(self)(inner)

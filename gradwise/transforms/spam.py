@@ -74,7 +74,7 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
         else:
             self.hooks = self.hooks - {"seed"}
 
-    def around(self, inner: Transform) -> "spam":
+    def rewrapped(self, inner: Transform) -> "spam":
         return spam(inner, self.density)
 
     def seed(self, state, index: int) -> None:
