@@ -35,6 +35,7 @@ OPTIMIZERS = {
     "PSGDKron": (gradwise.PSGDKron, dict(weight_decay=0.0)),
     "KLShampoo": (gradwise.KLShampoo, dict(weight_decay=0.0, precondition_frequency=10)),
     "KLSOAP": (gradwise.KLSOAP, dict(weight_decay=0.0, precondition_frequency=10)),
+    "MicroAdam": (gradwise.MicroAdam, dict(weight_decay=0.0)),  # the authors' window of 10, 1% Top-K
 }
 LR_GRID = [10 ** (k / 2) for k in range(-8, 2)]  # 1e-4, 3e-4, ..., 1, 3
 

@@ -42,6 +42,7 @@ _EXPORTS = {
     "gradwise.recipes.mezo": ("MeZO",),
     "gradwise.recipes.frugal": ("FRUGAL",),
     "gradwise.recipes.subset_norm": ("SubsetNorm",),
+    "gradwise.recipes.micro_adam": ("MicroAdam",),
     "gradwise.recipes.badam": ("BAdam",),
     "gradwise.recipes.psgd_kron": ("PSGDKron",),
     "gradwise.qk_clip": ("qk_clip",),
@@ -83,6 +84,7 @@ __all__ += ["BAdam", "MeZO"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["DeMo", "DiLoCo"]
 __all__ += ["PSGDKron", "qk_clip"]
+__all__ += ["MicroAdam"]
 
 
 def __getattr__(name: str) -> Any:

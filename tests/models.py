@@ -56,3 +56,20 @@ def sin_loss(params, step: int) -> torch.Tensor:
         c = torch.randn(p.shape, generator=gen, dtype=p.dtype)
         total = total + (c * torch.sin(p)).sum() + 0.1 * (p * p).sum()
     return total
+
+
+def step_beside_reference(optimizer, ours, theirs, steps: int, reference_step) -> None:
+    """``steps`` steps of ``optimizer`` on ``ours`` and of ``reference_step(i, p, g)`` (in place, without grad) on
+    each tensor of ``theirs``, both on ``sin_loss``'s gradients; after each step they agree within 1e-10."""
+    for step in range(steps):
+        optimizer.zero_grad()
+        sin_loss(ours, step).backward()
+        optimizer.step()
+        leaves = [p.requires_grad_() for p in theirs]
+        grads = torch.autograd.grad(sin_loss(leaves, step), leaves)
+        theirs = [p.detach() for p in leaves]
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(theirs, grads)):
+                reference_step(i, p, g)
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{step}, {i}: {m}")

@@ -57,6 +57,9 @@ class Entry:
     first_step_moves: bool = True
     #: steps bfloat16 parameters in float32 and rounds each result once into the parameter
     bf16: bool = True
+    #: the state buffers it keeps in formats of its own, the same for every parameter dtype (MicroAdam's int16
+    #: indices, bfloat16 values and 4-bit codes)
+    compressed_state: frozenset[str] = frozenset()
     #: ``gradwise.fused_backward(optimizer)`` accepts it (no chain batched across parameters, no step()
     #: of its own)
     fused_backward: bool = True
@@ -253,6 +256,10 @@ ENTRIES = [
     # seeds it with ours for each parameter and compares step by step
     _entry(gradwise.PSGDKron, None, ("psgd-kron", dict(lr=0.01, weight_decay=0.1, balance_prob=0.5)),
            fused_backward=False),
+    # float64 reference from the paper in tests/test_micro_adam.py; a window of 3, a third of each tensor kept
+    _entry(gradwise.MicroAdam, None, ("micro-adam", dict(lr=0.01, weight_decay=0.1, m=3, k_init=0.34,
+                                                         quant_block_size=4)), state=False, fused_backward=False,
+           compressed_state=frozenset({"micro_adam.window_indices", "micro_adam.window_values", "micro_adam.error"})),
 ]
 
 #: every input configuration of every entry

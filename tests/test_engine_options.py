@@ -47,6 +47,8 @@ def test_every_recipe_writes_bfloat16_parameters_stochastically(recipe):
         lr = {gradwise.CAME: 2e-5, gradwise.SubsetNorm: 5e-2}.get(recipe, 5e-4)
         # Ranger21's warmup would make its first step 1/warmup of that: off, with lr a quarter ulp
         extra = dict(use_warmup=False, lr=2e-3) if recipe is gradwise.Ranger21 else dict(lr=lr)
+        if recipe is gradwise.MicroAdam:  # every element in its window, not 1% of them: all of them move
+            extra["k_init"] = 1.0
         opt = build(recipe, [p], compile=False, param_rounding=rounding, **extra)
         p.grad = (2 * torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) - 1).to(torch.bfloat16)
         for _ in range(1 if ENTRY[recipe].first_step_moves else 2):  # ADOPT's first step moves nothing

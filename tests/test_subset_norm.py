@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gradwise
-from tests.models import bag_of_tensors, sin_loss
+from tests.models import bag_of_tensors, step_beside_reference
 
 STEPS = 25
 GAP = 7  # refreshes at steps 1, 8, 15, 22
@@ -89,19 +89,12 @@ def _compare(recipe, kind, kwargs, rank):
     groups = [{"params": ours[:2]}, {"params": ours[2:], "rank": rank, "update_proj_gap": GAP}]
     optimizer = recipe(groups, compile=False, **kwargs)
     references = [Reference(p, rank if i >= 2 else None, kind, kwargs) for i, p in enumerate(theirs)]
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        sin_loss(ours, step).backward()
-        optimizer.step()
-        leaves = [p.requires_grad_() for p in theirs]
-        grads = torch.autograd.grad(sin_loss(leaves, step), leaves)
-        theirs = [p.detach() for p in leaves]
-        with torch.no_grad():
-            for r, p, g in zip(references, theirs, grads):
-                r.p = p
-                r.step(g)
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            torch.testing.assert_close(a.detach(), b, rtol=1e-10, atol=1e-10, msg=lambda m, i=i: f"{step}, {i}: {m}")
+
+    def reference_step(i, p, g):
+        references[i].p = p
+        references[i].step(g)
+
+    step_beside_reference(optimizer, ours, theirs, STEPS, reference_step)
     return optimizer, ours
 
 

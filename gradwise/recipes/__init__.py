@@ -16,6 +16,7 @@ from gradwise.recipes.lion import Lion
 from gradwise.recipes.lomo import LOMO, AdaLomo
 from gradwise.recipes.lookahead import Lookahead
 from gradwise.recipes.mars import MARS
+from gradwise.recipes.micro_adam import MicroAdam
 from gradwise.recipes.muon import Muon
 from gradwise.recipes.nadamw import NAdamW
 from gradwise.recipes.normuon import NorMuon
@@ -38,6 +39,7 @@ __all__ += ["SPAM", "AdamC"]
 __all__ += ["FRUGAL", "SubsetNorm"]
 __all__ += ["PSGDKron"]
 __all__ += ["KLSOAP", "KLShampoo"]
+__all__ += ["MicroAdam"]
 
 
 def takes_state() -> list[str]:

@@ -1,5 +1,6 @@
 """The vocabulary of update transforms. ``scale_by_*`` rescales, ``add_*`` adds a term, ``clip_*`` bounds,
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
+from gradwise.transforms.active_blocks import project_active_blocks
 from gradwise.transforms.adalomo import scale_by_adalomo
 from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
 from gradwise.transforms.adam_mini import scale_by_adam_mini
@@ -24,6 +25,7 @@ from gradwise.transforms.low_rank import project_low_rank
 from gradwise.transforms.low_rank_rest import project_low_rank_with_rest
 from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.mars import mars_correction
+from gradwise.transforms.micro_adam import scale_by_micro_adam
 from gradwise.transforms.momentum import trace, trace_ema
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
@@ -67,6 +69,7 @@ __all__ = [
     "mars_correction",
     "normalize_gradient",
     "orthogonalize_by_newton_schulz",
+    "project_active_blocks",
     "project_low_rank",
     "project_low_rank_with_rest",
     "route",
@@ -86,6 +89,7 @@ __all__ = [
     "scale_by_kl_soap",
     "scale_by_lion",
     "scale_by_madgrad",
+    "scale_by_micro_adam",
     "scale_by_nadam",
     "scale_by_neuron_second_moment",
     "scale_by_param_block_rms",

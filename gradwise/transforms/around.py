@@ -32,4 +32,10 @@ class around(Transform):  # noqa: N801 - transforms are named like functions (op
         if inner is self.inner:
             return self
         cache = self.__dict__.setdefault("_resolved", {})
-        return cache.setdefault(id(inner), type(self)(inner))
+        if id(inner) not in cache:
+            cache[id(inner)] = self.rewrapped(inner)
+        return cache[id(inner)]
+
+    def rewrapped(self, inner: Transform) -> "around":
+        """This modifier, with its own settings, around another ``inner``."""
+        return type(self)(inner)

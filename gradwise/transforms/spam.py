@@ -7,7 +7,8 @@ import math
 import torch
 from torch import Tensor
 
-from gradwise.core.hyper import Hyper, non_negative, non_negative_int, positive_int, unit_interval
+from gradwise.core.hashing import hash32, unsigned
+from gradwise.core.hyper import Hyper, non_negative, non_negative_int, number_in, positive_int, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.around import around
 
@@ -45,12 +46,19 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
     multiplies every buffer by a per-step 0 or 1, so ``inner``'s buffers must be shaped like the parameter
     (``init`` says which is not). Elementwise when ``inner`` is; its state, scalars and hooks are
     ``inner``'s (``wrapped``).
+
+    ``density`` < 1: SPAM's sparse masks. Each matrix (2-D) keeps a mask M of that density for the period
+    between two resets (entry e of parameter i in period j = t // T: hash32(e, hash32(i + 1, j)) / 2^32 <
+    density), u <- M u before the clip and o <- M o after ``inner``, so the masked-out entries take no step
+    and their moments stay 0; the mask is recomputed from the seed, never stored. It runs on whole tensors
+    (the mask needs each element's index). The moments are kept dense: the arithmetic, not the memory saving.
     """
 
     name = "spam"
 
-    def __init__(self, inner: Transform):
+    def __init__(self, inner: Transform, density: float = 1.0):
         super().__init__(inner)
+        self.density = number_in(0, 1, open_low=True, note="the masked fraction of each matrix")("density", density)
         clash = sorted(set(inner.hyper) & (set(SPAM_HYPER) | {"spike_beta"}))
         if clash:
             raise ValueError(f"spam(): inner={inner!r} declares hyperparameter(s) {clash}, which spam() reads")
@@ -60,7 +68,23 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
         self.state, self.nonnegative = inner.state + own, inner.nonnegative + own
         self.resets = tuple(k for k in self.state if k not in inner.weights_like)
         self.hyper = {**inner.hyper, **SPAM_HYPER, **({"spike_beta": Hyper(0.999, unit_interval)} if own else {})}
-        self.elementwise = inner.elementwise
+        self.elementwise = inner.elementwise and density == 1
+        if density < 1:
+            self.state = ("mask_seed", *self.state)
+        else:
+            self.hooks = self.hooks - {"seed"}
+
+    def rewrapped(self, inner: Transform) -> "spam":
+        return spam(inner, self.density)
+
+    def seed(self, state, index: int) -> None:
+        state["mask_seed"].fill_(index + 1)
+        super().seed(state, index)
+
+    def mask(self, u: Tensor, seed: Tensor, period: Tensor) -> Tensor:
+        """The period's mask of a matrix: entry e kept when hash32(e, hash32(seed, period)) / 2^32 < density."""
+        bits = hash32(torch.arange(u.numel(), device=u.device).view(u.shape), hash32(seed, period.long()))
+        return (unsigned(bits) < self.density * 2.0**32).to(u.dtype)
 
     def init(self, param: Tensor, group) -> dict[str, Tensor]:
         buffers = self.inner.init(param, group)
@@ -72,13 +96,15 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
         if self.second_moment == OWN_SECOND_MOMENT:
             buffers[OWN_SECOND_MOMENT] = torch.zeros_like(param, dtype=state_dtype(param),
                                                           memory_format=torch.preserve_format)
+        if self.density < 1:
+            buffers["mask_seed"] = torch.zeros((), dtype=torch.int64, device=param.device)
         return buffers
 
     def scalars(self, hyper, step: int) -> dict[str, float]:
         gap, accumulate = int(hyper["update_proj_gap"]), int(hyper["grad_accu_steps"])
         out = {**self.inner.scalars(hyper, step), "spam_keep": float(step % gap != 0),
                "spam_clip": float(step % gap >= accumulate),
-               "spam_scale": warmup_scale(step, gap, int(hyper["warmup_epoch"]))}
+               "spam_scale": warmup_scale(step, gap, int(hyper["warmup_epoch"])), "spam_period": float(step // gap)}
         if self.second_moment == OWN_SECOND_MOMENT:
             out["spam_one_minus_beta"] = 1 - float(hyper["spike_beta"])
         return out
@@ -87,6 +113,9 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
         for key in self.resets:
             for buffer in state[key]:
                 buffer.mul_(ctx["spam_keep"])
+        masks = [self.mask(u, seed, ctx["spam_period"]) if u.dim() == 2 else None
+                 for u, seed in zip(updates, state["mask_seed"])] if self.density < 1 else [None] * len(updates)
+        updates = [u if m is None else u * m for u, m in zip(updates, masks)]
         if ctx.active("threshold"):
             clip, out = ctx["spam_clip"] > 0, []
             for u, v in zip(updates, state[self.second_moment]):
@@ -96,7 +125,8 @@ class spam(around):  # noqa: N801 - transforms are named like functions (optax g
             if self.second_moment == OWN_SECOND_MOMENT:
                 for u, v in zip(updates, state[OWN_SECOND_MOMENT]):
                     v.mul_(ctx["spike_beta"]).add_(u * u * ctx["spam_one_minus_beta"])
-        return [o * ctx["spam_scale"] for o in self.inner.update(updates, state, ctx)]
+        out = self.inner.update(updates, state, ctx)
+        return [o * ctx["spam_scale"] if m is None else o * m * ctx["spam_scale"] for o, m in zip(out, masks)]
 
     def __repr__(self) -> str:
         return f"spam({self.inner!r})"
