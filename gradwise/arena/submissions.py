@@ -75,6 +75,10 @@ SELF_TUNING: dict[str, dict[str, Any]] = {
                   "warmup_factor": 0.05},
     "KLSOAP": {"lr": 3e-3, "beta1": 0.9, "beta2": 0.98, "weight_decay": 0.01, "precondition_frequency": 10,
                "warmup_factor": 0.05},
+    # MicroAdam (Modoranu et al. 2024, arXiv:2405.15593): the authors' window of 10 gradients at 1% density
+    # (ista_daslab_optimizers' m and k_init), with AdamW's point above for the rest (not tuned here)
+    "MicroAdam": {"lr": 2e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.05, "m": 10, "k_init": 0.01,
+                  "warmup_factor": 0.05},
     # Schedule-Free AdamW (Defazio et al. 2024, arXiv:2405.15682): schedulefree 1.4.1's defaults, and no LR
     # schedule, which is the method's point; the runner evaluates it at x (its eval mode)
     "ScheduleFreeAdamW": {"lr": 2.5e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0, "schedule": "constant"},
