@@ -71,6 +71,15 @@ def test_workload_time_median_over_studies_of_fastest_trial():
     assert scoring.workload_time([[3.0], [1.0]]) == 2.0
 
 
+def test_gmean_speedup_without_a_time_budget():
+    """--no-time-limit: a miss has no finite time; the speedup is 0, inf, neutral or undefined."""
+    budgets = {"w1": INF, "w2": INF}
+    assert scoring.gmean_speedup({"w1": 2.0, "w2": INF}, {"w1": 8.0, "w2": INF}, budgets) == 2.0  # sqrt(4 x 1)
+    assert scoring.gmean_speedup({"w1": 2.0, "w2": INF}, {"w1": 8.0, "w2": 3.0}, budgets) == 0.0
+    assert scoring.gmean_speedup({"w1": 2.0, "w2": 5.0}, {"w1": 8.0, "w2": INF}, budgets) == INF
+    assert math.isnan(scoring.gmean_speedup({"w1": INF, "w2": 5.0}, {"w1": 8.0, "w2": INF}, budgets))
+
+
 def test_gmean_speedup_by_hand():
     # w1: 10 / 5 = 2;  w2: the miss becomes budget + 1 = 31 -> 20 / 31.
     got = scoring.gmean_speedup({"w1": 5.0, "w2": INF}, {"w1": 10.0, "w2": 20.0}, {"w1": 100, "w2": 30})

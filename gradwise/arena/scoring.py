@@ -90,15 +90,25 @@ def scores(times: Times, r_max: float = R_MAX) -> dict[str, float]:
 def gmean_speedup(times: Mapping[str, float], reference: Mapping[str, float],
                   budgets: Mapping[str, float]) -> float:
     """Geometric mean over the reference's workloads of ``t_ref / t_s``; a miss (either side) counts as
-    ``budget + 1`` seconds. Above 1: faster than the reference."""
+    ``budget + 1`` seconds. Above 1: faster than the reference. Without a time budget (``inf``, a run with
+    ``--no-time-limit``) a miss has no finite time: both missing counts as a ratio of 1, the submission alone
+    missing makes the speedup 0, the reference alone missing makes it ``inf`` (and both, on two workloads,
+    ``nan``: no speedup is defined)."""
     if not reference:
         raise ValueError("invalid reference={}: expected at least one workload")
-    logs = []
+    logs, unbounded = [], set()
     for w, t_ref in reference.items():
         if w not in budgets:
             raise ValueError(f"invalid budgets: no budget for workload {w!r}; have {sorted(budgets)}")
         cap = float(budgets[w]) + 1
         t_s = times.get(w, INF)
         t_ref, t_s = (min(_check_time(w, t), cap) for t in (t_ref, t_s))
-        logs.append(math.log(t_ref / t_s))
+        if t_ref == t_s == INF:
+            logs.append(0.0)
+        elif INF in (t_ref, t_s):
+            unbounded.add(INF if t_ref == INF else 0.0)
+        else:
+            logs.append(math.log(t_ref / t_s))
+    if unbounded:
+        return unbounded.pop() if len(unbounded) == 1 else math.nan
     return math.exp(sum(logs) / len(logs))
