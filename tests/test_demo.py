@@ -2,10 +2,11 @@
 
 One spawn of two ranks runs every distributed case (``outcomes``), each rank on its own batches:
 
-* **DeMo reference**: the workers' algorithm written out here from the paper in numpy float64 (scipy's
-  orthonormal DCT-II per block, each worker's momentum, its top-k components per block removed from it,
-  each component's mean over the workers that sent it, the inverse DCT, sign or not, decoupled weight
-  decay), step by step for 20 steps, within 1e-10; the parameters are the same on both workers;
+* **DeMo reference**: the workers' algorithm written out from the paper in numpy float64 in
+  ``tests/references/demo.py`` (scipy's orthonormal DCT-II per block, each worker's momentum, its top-k
+  components per block removed from it, each component's mean over the workers that sent it, the inverse
+  DCT, sign or not, decoupled weight decay), step by step for 20 steps, within 1e-10; the parameters are
+  the same on both workers;
 * **DeMo resume**: ``state_dict`` through ``torch.save`` into a new model and DeMo, and a ``copy.deepcopy``,
   continue bit-identically (the sent bytes too);
 * **DeMo bytes**: ``comm_stats`` equals the sizes computed here by hand from the shapes;
@@ -23,7 +24,6 @@ import io
 
 import numpy as np
 import pytest
-import scipy.fft
 import torch
 import torch.distributed as dist
 
@@ -38,6 +38,7 @@ from tests.distributed_harness import (
     spawn_failing_on_purpose,
     went_on,
 )
+from tests.references.demo import simulate as simulate_demo
 
 WORLD_SIZE = 2
 #: DeMo's settings in the tests: blocks of up to 5 x 5, 3 components of each sent
@@ -73,76 +74,6 @@ def _train(optimizer, model, steps, rank: int) -> None:
         _backward(model, step, rank)
         optimizer.step()
         optimizer.zero_grad()
-
-
-# --------------------------------------------------------------------------- DeMo from the paper, float64
-def _divisor_at_most(n: int, s: int) -> int:
-    return next(d for d in range(min(n, s), 0, -1) if n % d == 0)
-
-
-def _blocks(x: np.ndarray) -> np.ndarray:
-    """(blocks, c0, c1) of a matrix view, or (blocks, c) of a vector."""
-    if x.ndim <= 1:
-        x = x.reshape(-1)
-        c = _divisor_at_most(x.size, CHUNK)
-        return x.reshape(-1, c)
-    x = x.reshape(x.shape[0], -1)
-    (n0, n1), c0, c1 = x.shape, _divisor_at_most(x.shape[0], CHUNK), _divisor_at_most(x.shape[1], CHUNK)
-    return x.reshape(n0 // c0, c0, n1 // c1, c1).transpose(0, 2, 1, 3).reshape(-1, c0, c1)
-
-
-def _unblocks(blocks: np.ndarray, shape) -> np.ndarray:
-    if blocks.ndim == 2:
-        return blocks.reshape(shape)
-    n0 = shape[0]
-    n1 = int(np.prod(shape)) // n0
-    c0, c1 = blocks.shape[1:]
-    return blocks.reshape(n0 // c0, n1 // c1, c0, c1).transpose(0, 2, 1, 3).reshape(shape)
-
-
-def _dct(blocks):
-    axes = tuple(range(1, blocks.ndim))
-    return scipy.fft.dctn(blocks, axes=axes, norm="ortho")
-
-
-def _idct(blocks):
-    axes = tuple(range(1, blocks.ndim))
-    return scipy.fft.idctn(blocks, axes=axes, norm="ortho")
-
-
-def _demo_reference(steps: int, lr: float, beta: float, weight_decay: float, sign: bool) -> list[np.ndarray]:
-    """The parameters after ``steps`` steps of DeMo on ``WORLD_SIZE`` workers, simulated in turn."""
-    model = _ConvNet()
-    x = [p.detach().numpy().copy() for p in model.parameters()]
-    momenta = [[np.zeros_like(p) for p in x] for _ in range(WORLD_SIZE)]
-    for step in range(steps):
-        sent = []  # per worker, per parameter: (blocks, components) arrays of the values sent, nan elsewhere
-        for rank in range(WORLD_SIZE):
-            with torch.no_grad():
-                for p, value in zip(model.parameters(), x):
-                    p.copy_(torch.from_numpy(value))
-            model.zero_grad()
-            _backward(model, step, rank)
-            mine = []
-            for i, p in enumerate(model.parameters()):
-                m = momenta[rank][i] = beta * momenta[rank][i] + p.grad.numpy()
-                c = _dct(_blocks(m))
-                flat = c.reshape(c.shape[0], -1)
-                k = min(TOPK, flat.shape[1])
-                top = np.argsort(-np.abs(flat), axis=1)[:, :k]
-                chosen = np.full_like(flat, np.nan)
-                np.put_along_axis(chosen, top, np.take_along_axis(flat, top, axis=1), axis=1)
-                momenta[rank][i] = m - _unblocks(_idct(np.nan_to_num(chosen).reshape(c.shape)), m.shape)
-                mine.append(chosen)
-            sent.append(mine)
-        for i in range(len(x)):
-            stacked = np.stack([worker[i] for worker in sent])
-            count = (~np.isnan(stacked)).sum(axis=0)
-            mean = np.where(count > 0, np.nansum(stacked, axis=0) / np.maximum(count, 1), 0.0)
-            shape = _dct(_blocks(x[i])).shape
-            q = _unblocks(_idct(mean.reshape(shape)), x[i].shape)
-            x[i] = x[i] * (1 - lr * weight_decay) - lr * (np.sign(q) if sign else q)
-    return x
 
 
 # --------------------------------------------------------------------------- PowerSGD from the paper, float64
@@ -200,7 +131,7 @@ def _case_demo_reference(rank: int) -> None:
         initial = [p.detach().clone() for p in model.parameters()]
         demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
         _train(demo, model, range(20), rank)
-        expected = _demo_reference(20, 1e-2, 0.9, **kwargs)
+        expected = simulate_demo(_ConvNet(), _backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK, **kwargs)
         for i, (p, q, before) in enumerate(zip(model.parameters(), expected, initial, strict=True)):
             assert (p - before).abs().max() > 1e-3, f"{label}: parameter {i} barely moved; the check is vacuous"
             torch.testing.assert_close(p.detach(), torch.from_numpy(q), rtol=1e-10, atol=1e-10,

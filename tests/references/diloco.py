@@ -55,13 +55,16 @@ def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer
 
 
 def mean_pseudo_gradient(synced, worker_params, dtype, comm_dtype) -> torch.Tensor:
-    """The mean over two workers of ``synced - theta_worker``, summed in ``comm_dtype`` if given."""
+    """The mean over the workers of ``synced - theta_worker``; summed in ``comm_dtype`` if given (two
+    workers only: the order in which gloo sums more is its own)."""
     with torch.no_grad():
         deltas = [synced - p for p in worker_params]
         if comm_dtype is None:
-            total = deltas[0] + deltas[1]
-        else:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
+            total = sum(deltas[1:], deltas[0])
+        elif len(deltas) == 2:  # gloo adds two bfloat16 values in float32 and rounds the sum to bfloat16
             total = (deltas[0].to(comm_dtype).float() + deltas[1].to(comm_dtype).float()).to(comm_dtype)
+        else:
+            raise ValueError(f"a {comm_dtype} sum is simulated for two workers, not {len(deltas)}")
         return total.to(dtype) / len(worker_params)
 
 

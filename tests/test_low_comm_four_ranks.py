@@ -1,0 +1,209 @@
+"""``gradwise.DiLoCo`` and ``gradwise.DeMo`` on four real gloo ranks, against data-parallel training and the
+float64 references of ``tests/references/``.
+
+One spawn of four ranks runs every case (``outcomes``), each rank on its own batches (the two-rank
+modules, ``test_diloco.py`` and ``test_demo.py``, cover the rest: resume, bytes, a failing worker):
+
+* **data-parallel**: ``sync_every=1`` with an outer SGD of lr 1 and no momentum is data-parallel training
+  with an inner SGD with momentum: bit for bit on a quadratic whose arithmetic is exact (small dyadic
+  numbers: every sum of four and every quartering exact), to float32 rounding on an MLP;
+* **DiLoCo reference**: ``simulate`` and ``simulate_stale`` of ``tests/references/diloco.py`` (the four
+  workers one after the other, float64): gradwise AdamW inside and the paper's outer Nesterov, plain and
+  with Kale et al.'s eager updates (where each worker's estimate differs from the others' by a quarter of
+  its own phase), over 21 steps, within 1e-10;
+* **DeMo reference**: ``tests/references/demo.py`` with four workers over 20 steps, within 1e-10; the
+  parameters are the same on every worker, the residual momenta differ.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradwise
+from tests.distributed_harness import needs_gloo, run_cases, spawn
+from tests.references.demo import simulate as simulate_demo
+from tests.references.diloco import simulate, simulate_stale
+
+WORLD_SIZE = 4
+#: how far a parameter must move, so that an equality is not vacuous
+MOVED = 1e-3
+#: DeMo's settings: blocks of up to 5 x 5, 3 components of each sent
+CHUNK, TOPK = 5, 3
+
+
+# --------------------------------------------------------------------------- models and data
+def _mlp(dtype=torch.float64) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+
+
+def _backward(model, step: int, rank: int) -> None:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    dtype = next(model.parameters()).dtype
+    x, y = torch.randn(4, 6, generator=g, dtype=dtype), torch.randn(4, 3, generator=g, dtype=dtype)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+class _Quadratic(torch.nn.Module):
+    """``0.5 |w - t|^2`` with integer weights and targets: with lr 0.5 every step's arithmetic is exact."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randint(-8, 9, (3, 4), generator=g).float())
+        self.b = torch.nn.Parameter(torch.randint(-8, 9, (5,), generator=g).float())
+
+
+def _quadratic_backward(model, step: int, rank: int) -> None:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    loss = sum(0.5 * (p - torch.randint(-8, 9, p.shape, generator=g).float()).square().sum()
+               for p in model.parameters())
+    loss.backward()
+
+
+class _ConvNet(torch.nn.Module):
+    """A 3-d weight (4, 2, 3), vectors, and matrices whose dims DeMo's chunk does not divide."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(2, 4, 3).double()
+        self.out = torch.nn.Linear(12, 3).double()
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.conv(x)).flatten(1))
+
+
+def _conv_backward(model, step: int, rank: int) -> None:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(4, 2, 5, generator=g, dtype=torch.float64), torch.randn(4, 3, generator=g, dtype=torch.float64)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def _train(optimizer, model, backward, steps, rank: int) -> None:
+    for step in steps:
+        backward(model, step, rank)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _assert_moved(label: str, model, initial) -> None:
+    for p, before in zip(model.parameters(), initial):
+        assert (p - before).abs().max() > MOVED, f"{label}: a parameter barely moved; the check is vacuous"
+
+
+def _assert_close(label: str, params, expected) -> None:
+    for i, (p, q) in enumerate(zip(params, expected, strict=True)):
+        torch.testing.assert_close(p.detach(), torch.as_tensor(q), rtol=1e-10, atol=1e-12,
+                                   msg=lambda m: f"{label}, parameter {i}: {m}")
+
+
+def _everyone(tensor: torch.Tensor) -> list[torch.Tensor]:
+    gathered = [torch.empty_like(tensor) for _ in range(WORLD_SIZE)]
+    dist.all_gather(gathered, tensor.detach().contiguous())
+    return gathered
+
+
+def _adamw(params):
+    return gradwise.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def _torch_adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+# --------------------------------------------------------------------------- the cases, inside each rank
+def _case_data_parallel(rank: int) -> None:
+    for kind, make, backward, steps in (("exact", _Quadratic, _quadratic_backward, 6),
+                                        ("mlp", lambda: _mlp(torch.float32), _backward, 20)):
+        model, replica = make(), make()
+        initial = [p.detach().clone() for p in model.parameters()]
+        diloco = gradwise.DiLoCo(gradwise.SGD(model.parameters(), lr=0.5, momentum=0.5), outer=torch.optim.SGD,
+                                 outer_lr=1.0, sync_every=1)
+        replica_optimizer = gradwise.SGD(replica.parameters(), lr=0.5, momentum=0.5)
+        _train(diloco, model, backward, range(steps), rank)
+        for step in range(steps):
+            backward(replica, step, rank)
+            for p in replica.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= WORLD_SIZE
+            replica_optimizer.step()
+            replica_optimizer.zero_grad()
+        _assert_moved(kind, model, initial)
+        for p, q in zip(model.parameters(), replica.parameters(), strict=True):
+            if kind == "exact":
+                assert torch.equal(p, q), f"{kind}: DiLoCo H=1 vs data-parallel, max diff {(p - q).abs().max():.3g}"
+            else:
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{kind}: {m}")
+
+
+def _case_diloco_reference(rank: int) -> None:
+    steps, sync_every = 21, 3
+    model = _mlp()
+    initial = [p.detach().clone() for p in model.parameters()]
+    _train(gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every), model, _backward, range(steps), rank)
+    models = [_mlp() for _ in range(WORLD_SIZE)]
+    expected = simulate(models, [_torch_adamw(m.parameters()) for m in models], _backward, torch.float64, steps,
+                        sync_every, 0.7, momentum=0.9)
+    _assert_moved("plain", model, initial)
+    _assert_close("plain", model.parameters(), expected[rank])
+    model = _mlp()
+    _train(gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every, overlap=sync_every, eager=True),
+           model, _backward, range(steps), rank)
+    models = [_mlp() for _ in range(WORLD_SIZE)]
+    expected = simulate_stale(models, [_torch_adamw(m.parameters()) for m in models], _backward, steps,
+                              sync_every, 0.7, 0.9, eager=True)
+    _assert_moved("eager", model, initial)
+    _assert_close("eager", model.parameters(), expected[rank])
+    first = _everyone(next(model.parameters()))
+    assert not torch.equal(first[0], first[3]), "eager: the workers' outer copies agree"
+
+
+def _case_demo_reference(rank: int) -> None:
+    for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
+                          ("q itself", {"weight_decay": 0.0, "sign": False})):
+        model = _ConvNet()
+        initial = [p.detach().clone() for p in model.parameters()]
+        demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
+        _train(demo, model, _conv_backward, range(20), rank)
+        expected = simulate_demo(_ConvNet(), _conv_backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK,
+                                 **kwargs)
+        _assert_moved(label, model, initial)
+        _assert_close(label, model.parameters(), expected)
+        first = next(model.parameters())
+        assert all(torch.equal(theirs, first) for theirs in _everyone(first)), f"{label}: the workers differ"
+        momenta = _everyone(demo.state[first]["momentum"])
+        assert not torch.equal(momenta[0], momenta[3]), f"{label}: the workers' momenta are the same"
+
+
+CASES = {"data-parallel": _case_data_parallel, "diloco reference": _case_diloco_reference,
+         "demo reference": _case_demo_reference}
+
+
+def _worker(rank: int, world_size: int, directory: str) -> None:
+    run_cases(CASES, rank, directory)
+
+
+# --------------------------------------------------------------------------- the tests
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> list[dict]:
+    """Each rank's outcome ("ok" or its traceback) of every case."""
+    directory = tmp_path_factory.mktemp("four_ranks")
+    spawn(_worker, WORLD_SIZE, str(directory))
+    ranks = []
+    for rank in range(WORLD_SIZE):
+        with open(os.path.join(directory, f"rank{rank}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+@pytest.mark.slow
+@needs_gloo
+@pytest.mark.parametrize("case", list(CASES))
+def test_on_four_gloo_ranks(outcomes, case):
+    failures = "\n".join(f"rank {rank}:\n{o[case]}" for rank, o in enumerate(outcomes) if o[case] != "ok")
+    assert not failures, failures
