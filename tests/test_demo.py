@@ -7,8 +7,9 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   components per block removed from it, each component's mean over the workers that sent it, the inverse
   DCT, sign or not, decoupled weight decay), step by step for 20 steps, within 1e-10; the parameters are
   the same on both workers;
-* **DeMo resume**: ``state_dict`` through ``torch.save`` into a new model and DeMo, and a ``copy.deepcopy``,
-  continue bit-identically (the sent bytes too);
+* **DeMo resume**: ``state_dict`` through ``torch.save`` and through ``torch.distributed.checkpoint`` (each
+  worker's under its own key, loaded into a fresh DeMo's ``state_dict``) into a new model and DeMo, and a
+  ``copy.deepcopy``, continue bit-identically (the sent bytes too);
 * **DeMo bytes**: ``comm_stats`` equals the sizes computed here by hand from the shapes;
 * **PowerSGD reference**: DDP with ``register_powersgd`` (rank 2, two plain steps first) against PowerSGD
   written out here in float64 (P = M Q summed and orthonormalized, Q = M^T P averaged, warm-started, the
@@ -21,11 +22,15 @@ from __future__ import annotations
 import copy
 import gc
 import io
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 import gradwise
 from gradwise.distributed.powersgd import register_powersgd
@@ -158,12 +163,28 @@ def _case_demo_resume(rank: int) -> None:
     resumed_model.load_state_dict(saved["model"])
     resumed = gradwise.DeMo(resumed_model.parameters(), **kwargs)
     resumed.load_state_dict(saved["demo"])
-    for m, d in ((model, demo), (copied_model, copied), (resumed_model, resumed)):
+    # through torch.distributed.checkpoint, each worker's state under its own key (the momenta differ),
+    # loaded into a fresh DeMo's state_dict
+    directory = os.path.join(tempfile.gettempdir(), f"gradwise-demo-dcp-{os.getppid()}")
+    key = f"worker{rank}"
+    dcp.save({key: {"model": model.state_dict(), "demo": demo.state_dict()}}, checkpoint_id=directory)
+    dcp_model = _ConvNet(torch.float32)
+    from_dcp = gradwise.DeMo(dcp_model.parameters(), **kwargs)
+    target = {key: {"model": dcp_model.state_dict(), "demo": from_dcp.state_dict()}}
+    dcp.load(target, checkpoint_id=directory)
+    dcp_model.load_state_dict(target[key]["model"])
+    from_dcp.load_state_dict(target[key]["demo"])
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(directory)
+    assert from_dcp.state[next(dcp_model.parameters())]["momentum"].abs().max() > 0
+    for m, d in ((model, demo), (copied_model, copied), (resumed_model, resumed), (dcp_model, from_dcp)):
         _train(d, m, range(4, 10), rank)
-    for other, label in ((resumed_model, "resumed from state_dict"), (copied_model, "deepcopy")):
+    for other, label in ((resumed_model, "resumed from state_dict"), (copied_model, "deepcopy"),
+                         (dcp_model, "resumed through DCP")):
         for p, q in zip(model.parameters(), other.parameters(), strict=True):
             assert torch.equal(p, q), f"{label} vs uninterrupted: max abs diff {(p - q).abs().max().item():.3g}"
-    assert resumed.comm_stats == demo.comm_stats == copied.comm_stats and demo.steps == 10
+    assert resumed.comm_stats == demo.comm_stats == copied.comm_stats == from_dcp.comm_stats and demo.steps == 10
 
 
 def _case_demo_bytes(rank: int) -> None:

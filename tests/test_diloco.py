@@ -14,9 +14,10 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   fragments and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
   and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit; the outer step a whole
   phase late, delayed and eager (Kale et al. 2025);
-* **resume**: ``state_dict`` mid-phase (once with a sync under way) through ``torch.save``, loaded into a
-  new model and DiLoCo, and a ``copy.deepcopy`` of the model with its DiLoCo, continue bit-identically
-  (the sent bytes too);
+* **resume**: ``state_dict`` mid-phase (with a sync under way where the all-reduce is overlapped) through
+  ``torch.save`` and through ``torch.distributed.checkpoint`` (each worker's state under its own key, loaded
+  into a fresh DiLoCo's ``state_dict``), loaded into a new model and DiLoCo, and a ``copy.deepcopy`` of the
+  model with its DiLoCo, continue bit-identically (the sent bytes too);
 * **bytes**: ``comm_stats`` equals sizes computed here by hand from the shapes;
 * **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in its
   all-reduce, is stopped at once (its all-reduce fails, or the harness ends it), well before gloo's
@@ -28,10 +29,14 @@ import copy
 import functools
 import io
 import math
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 import gradwise
 from tests.distributed_harness import (
@@ -221,12 +226,36 @@ def _case_resume(rank: int) -> None:
         resumed_model.load_state_dict(saved["model"])
         resumed = gradwise.DiLoCo(_adamw(resumed_model.parameters()), sync_every=3, **kwargs)
         resumed.load_state_dict(saved["diloco"])
-        for m, d in ((model, diloco), (copied_model, copied), (resumed_model, resumed)):
+        dcp_model, from_dcp = _through_dcp(label, model, diloco, lambda m: gradwise.DiLoCo(
+            _adamw(m.parameters()), sync_every=3, **kwargs), rank)
+        for m, d in ((model, diloco), (copied_model, copied), (resumed_model, resumed), (dcp_model, from_dcp)):
             _train(d, m, _backward, range(4, 11), rank)
         _assert_equal(f"{label}: resumed from state_dict vs uninterrupted", resumed_model, model)
+        _assert_equal(f"{label}: resumed through DCP vs uninterrupted", dcp_model, model)
         _assert_equal(f"{label}: deepcopy vs original", copied_model, model)
-        assert resumed.comm_stats == diloco.comm_stats == copied.comm_stats, label
+        assert resumed.comm_stats == diloco.comm_stats == copied.comm_stats == from_dcp.comm_stats, label
         assert diloco.comm_stats["collectives"] > 0, label
+
+
+def _through_dcp(label: str, model, diloco, build, rank: int):
+    """``model`` and ``diloco`` saved with ``torch.distributed.checkpoint`` (each worker's state under its
+    own key: the workers' parameters and inner states differ) and loaded into a fresh model and DiLoCo."""
+    directory = os.path.join(tempfile.gettempdir(), f"gradwise-diloco-dcp-{os.getppid()}", label)
+    key = f"worker{rank}"
+    dcp.save({key: {"model": model.state_dict(), "diloco": diloco.state_dict()}}, checkpoint_id=directory)
+    fresh_model = _mlp()
+    with torch.no_grad():
+        for p in fresh_model.parameters():
+            p.zero_()  # so that parameters not loaded would show
+    fresh = build(fresh_model)
+    target = {key: {"model": fresh_model.state_dict(), "diloco": fresh.state_dict()}}
+    dcp.load(target, checkpoint_id=directory)
+    fresh_model.load_state_dict(target[key]["model"])
+    fresh.load_state_dict(target[key]["diloco"])
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(directory)
+    return fresh_model, fresh
 
 
 def _case_bytes(rank: int) -> None:
@@ -399,3 +428,29 @@ def test_a_refused_inner_step_changes_nothing():
     assert diloco.local_step == 0 and diloco.comm_stats["steps"] == 0
     assert all(torch.equal(p, b) and torch.equal(s, b) for p, s, b in zip(model.parameters(), diloco.synced, before))
     assert not diloco.inner.state and all(not o.state for o in diloco.outer)
+
+
+def _flat(state, prefix=""):
+    """(path, shape or value) of every leaf of a nested state dict."""
+    if isinstance(state, dict):
+        return [leaf for k, v in state.items() for leaf in _flat(v, f"{prefix}.{k}")]
+    if isinstance(state, list):
+        return [leaf for k, v in enumerate(state) for leaf in _flat(v, f"{prefix}.{k}")]
+    return [(prefix, tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__)]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"overlap": 2, "fragments": 2}, {"overlap": 3, "eager": True}])
+def test_a_fresh_state_dict_has_the_layout_of_a_trained_one_and_loads_as_fresh(kwargs):
+    """What torch.distributed.checkpoint needs: it loads into a fresh DiLoCo's state_dict, and skips what
+    that lacks. A fresh one's, loaded, leaves a fresh DiLoCo fresh (its optimizers not stepped)."""
+    models = [_mlp() for _ in range(3)]
+    trained, fresh, reloaded = (gradwise.DiLoCo(_adamw(m.parameters()), sync_every=3, **kwargs) for m in models)
+    _train(trained, models[0], _backward, range(4), 0)
+    assert _flat(trained.state_dict()) == _flat(fresh.state_dict())
+    assert not fresh.inner.state and not any(o.state for o in fresh.outer)  # its state was taken on a copy
+    reloaded.load_state_dict(fresh.state_dict())
+    assert not reloaded.inner.state
+    for diloco, model in ((fresh, models[1]), (reloaded, models[2])):
+        _train(diloco, model, _backward, range(4), 0)
+    _assert_equal("fresh vs loaded from a fresh state", models[1], models[2])
+    _assert_equal("fresh vs trained", models[1], models[0])

@@ -35,6 +35,19 @@ class Traffic:
         out.update({f"{kind}_bytes": n for kind, n in sorted(self.bytes_sent.items())})
         return out
 
+    def state_dict(self, kinds: tuple[str, ...]) -> dict[str, dict[str, int]]:
+        """``{"calls": {kind: n}, "bytes_sent": {kind: b}}`` with every one of ``kinds`` present (0 if none
+        was sent yet): one layout from the first step on, as ``torch.distributed.checkpoint`` needs (it
+        loads into the state_dict of a fresh object, and skips what that lacks)."""
+        names = sorted(set(kinds) | set(self.calls))
+        return {"calls": {k: self.calls[k] for k in names}, "bytes_sent": {k: self.bytes_sent[k] for k in names}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, dict[str, int]]) -> "Traffic":
+        """The inverse of ``state_dict`` (kinds never sent left out, as before the save)."""
+        return cls(Counter({k: int(n) for k, n in state["calls"].items() if n}),
+                   Counter({k: int(n) for k, n in state["bytes_sent"].items() if n}))
+
 
 def all_reduce(tensor: Tensor, op: str, group, traffic: Traffic) -> Tensor:
     """``tensor`` reduced in place over ``group`` by ``op`` ("sum" or "max")."""

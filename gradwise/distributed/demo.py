@@ -23,7 +23,6 @@ int32 otherwise): ``blocks x min(k, components) x (value size + index size)`` by
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -86,6 +85,10 @@ class DeMo(torch.optim.Optimizer):
         #: steps taken since training began (kept in ``state_dict``)
         self.steps = 0
         self._dct: dict[tuple, ChunkedDCT] = {}
+        # every momentum from the start (zero; the first step adds the gradient to it exactly), so that
+        # state_dict has one layout from the first step on, as torch.distributed.checkpoint needs
+        for p in self._params():
+            self.state[p]["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     def _params(self) -> list[Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -127,10 +130,7 @@ class DeMo(torch.optim.Optimizer):
 
     def _extract(self, group: dict, p: Tensor, transform: ChunkedDCT) -> tuple[Tensor, Tensor]:
         """The momentum's top-k components per block (indices, values), removed from the momentum."""
-        state = self.state[p]
-        if "momentum" not in state:
-            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        momentum = state["momentum"]
+        momentum = self.state[p]["momentum"]
         momentum.mul_(group["momentum"]).add_(p.grad)
         coefficients = transform.encode(momentum)
         k = min(self.topk, transform.components)
@@ -159,10 +159,12 @@ class DeMo(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer state (each parameter's momentum), the step count, the settings and what was sent."""
+        """torch's optimizer state (each parameter's momentum, there from the start), the step count, the
+        settings and what was sent: one layout from the first step on, as ``torch.distributed.checkpoint``
+        needs. Each worker's momentum is its own (key the state by rank under DCP)."""
         out = super().state_dict()
         out["demo"] = {"steps": self.steps, "chunk": self.chunk, "topk": self.topk, "sign": self.sign,
-                       "traffic": {"calls": dict(self.traffic.calls), "bytes_sent": dict(self.traffic.bytes_sent)}}
+                       "traffic": self.traffic.state_dict(("all_gather",))}
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -182,7 +184,7 @@ class DeMo(torch.optim.Optimizer):
                                  f" this model's {tuple(params[index].shape) if index < len(params) else 'none'}")
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "demo"})
         self.steps = int(demo["steps"])
-        self.traffic = Traffic(Counter(demo["traffic"]["calls"]), Counter(demo["traffic"]["bytes_sent"]))
+        self.traffic = Traffic.from_state_dict(demo["traffic"])
 
     def __deepcopy__(self, memo: dict) -> "DeMo":
         """A copy with its own tensors, on the same process group (a group is not copied)."""

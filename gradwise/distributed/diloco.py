@@ -37,7 +37,6 @@ Every byte this worker sends goes through ``gradwise.core.collectives`` and is c
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,6 +46,7 @@ from torch import Tensor
 
 from gradwise.core.collectives import Traffic, all_reduce_started, deepcopy_on_group
 from gradwise.core.params import DTensor
+from gradwise.distributed.layout import load_optimizer_layout, optimizer_layout
 
 
 def outer_nesterov(params, lr: float) -> torch.optim.Optimizer:
@@ -271,17 +271,29 @@ class DiLoCo:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The inner and outer optimizers' states, the synced copy, the step count and what was sent."""
+        """This worker's state: the inner and outer optimizers' (``gradwise.distributed.layout``), the
+        synced copy, the step count, one slot per fragment for its sync under way (``apply_at`` -1 when
+        none) and what was sent. One layout from the first step on, so that ``torch.distributed.checkpoint``
+        loads it into a fresh DiLoCo's; each worker's is its own (key it by rank under DCP)."""
         for pending in self.pending:
             pending.wait()
-        return {"inner": self.inner.state_dict(), "outer": [o.state_dict() for o in self.outer],
+        slots = []
+        for f in range(len(self.fragments)):
+            pending = next((p for p in self.pending if p.fragment == f), None)
+            if pending is None:
+                first = [self.params[members[0]] for members in self._buckets(f)]
+                summed = [torch.zeros(sum(self.params[i].numel() for i in members), device=p.device,
+                                      dtype=self.pseudo_gradient_dtype or p.dtype)
+                          for members, p in zip(self._buckets(f), first)]
+                slots.append({"apply_at": -1, "summed": summed,
+                              "own": [t.clone() for t in summed] if self.eager else None})
+            else:
+                slots.append({"apply_at": pending.apply_at, "summed": [summed.clone() for _, summed in pending.buffers],
+                              "own": None if pending.own is None else [t.clone() for t in pending.own]})
+        return {"inner": optimizer_layout(self.inner), "outer": [optimizer_layout(o) for o in self.outer],
                 "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
                 "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
-                "eager": self.eager,
-                "pending": [{"fragment": p.fragment, "apply_at": p.apply_at,
-                             "summed": [summed.clone() for _, summed in p.buffers],
-                             "own": None if p.own is None else [t.clone() for t in p.own]} for p in self.pending],
-                "traffic": {"calls": dict(self.traffic.calls), "bytes_sent": dict(self.traffic.bytes_sent)}}
+                "eager": self.eager, "pending": slots, "traffic": self.traffic.state_dict(("all_reduce",))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
@@ -299,23 +311,31 @@ class DiLoCo:
                                                   for s, t in zip(synced, self.synced)):
             raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
                              " parameters'; load a state saved for this model")
-        pending = [{**p, "summed": [t.clone() for t in p["summed"]],
-                    "own": None if p.get("own") is None else [t.clone() for t in p["own"]]} for p in state["pending"]]
+        # a slot per fragment (apply_at -1: none under way), or, saved before that layout, a list of the
+        # syncs under way, each naming its fragment
+        pending = [{"fragment": p.get("fragment", f), "apply_at": p["apply_at"],
+                    "summed": [t.clone() for t in p["summed"]],
+                    "own": None if p.get("own") is None else [t.clone() for t in p["own"]]}
+                   for f, p in enumerate(state["pending"]) if p["apply_at"] >= 0]
         for p in pending:
             sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
             if any([t.numel() for t in buffers] != sizes for buffers in (p["summed"], p["own"] or p["summed"])):
                 raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
                                  f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
-        self.inner.load_state_dict(state["inner"])
-        for outer, saved in zip(self.outer, state["outer"]):
-            outer.load_state_dict(saved)
+        # a state saved before the layout of gradwise.distributed.layout holds the optimizers' own state_dicts
+        layouts = [o if "started" in o else {"state_dict": o, "started": True}
+                   for o in (state["inner"], *state["outer"])]
+        load_optimizer_layout(self.inner, layouts[0])
+        for outer, saved in zip(self.outer, layouts[1:]):
+            load_optimizer_layout(outer, saved)
         with torch.no_grad():
             for s, saved in zip(self.synced, synced):
                 s.copy_(saved)
         self.local_step = int(state["local_step"])
+        pending.sort(key=lambda p: (p["apply_at"], p["fragment"]))  # the queue's order: oldest first
         self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
                                 [None] * len(p["summed"]), p["own"]) for p in pending]
-        self.traffic = Traffic(Counter(state["traffic"]["calls"]), Counter(state["traffic"]["bytes_sent"]))
+        self.traffic = Traffic.from_state_dict(state["traffic"])
 
     def __deepcopy__(self, memo: dict) -> "DiLoCo":
         """A copy with its own tensors and optimizers, on the same process group (a group is not copied);
