@@ -162,21 +162,33 @@ def _against_simulation(label, diloco_of, reference, dtype, steps, rank, exact, 
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=lambda m: f"{label}: {m}")
 
 
-def _against_stale(label: str, rank: int, eager: bool) -> None:
-    """``overlap=sync_every``: each phase's average applied at the next sync, delayed or eager."""
+def _against_stale(label: str, rank: int, eager: bool, penalty: float = 0.0, clip: float | None = None) -> None:
+    """``overlap=sync_every``: each phase's average applied at the next sync, delayed or eager, and with
+    CO2's staleness-gap penalty and clipping."""
     f64, steps, sync_every = torch.float64, 21, 3
     model = _mlp(f64)
     initial = [p.detach().clone() for p in model.parameters()]
-    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every, overlap=sync_every, eager=eager)
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every, overlap=sync_every, eager=eager,
+                             staleness_penalty=penalty, outer_clip=clip)
     _train(diloco, model, _backward, range(steps), rank)
-    models = [_mlp(f64) for _ in range(WORLD_SIZE)]
-    expected = simulate_stale(models, [_torch_adamw(m.parameters()) for m in models], _backward, steps,
-                              sync_every, diloco.outer_lr, 0.9, eager)
+    expected = _stale(steps, sync_every, eager, penalty, clip)
     _assert_moved(label, model, initial)
     for p, q in zip(model.parameters(), expected[rank], strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=lambda m: f"{label}: {m}")
     if eager:  # each worker's outer copy follows its own estimate
         assert any((a - b).abs().max() > MOVED for a, b in zip(*expected)), f"{label}: the workers agree"
+    # each correction changes the run
+    for name, other in (("the penalty", _stale(steps, sync_every, eager, 0.0, clip) if penalty else None),
+                        ("the clipping", _stale(steps, sync_every, eager, penalty, None) if clip else None)):
+        if other is not None:
+            assert any((a - b).abs().max() > MOVED for a, b in zip(other[rank], expected[rank])), \
+                f"{label}: {name} changes nothing"
+
+
+def _stale(steps: int, sync_every: int, eager: bool, penalty: float, clip: float | None) -> list:
+    models = [_mlp(torch.float64) for _ in range(WORLD_SIZE)]
+    return simulate_stale(models, [_torch_adamw(m.parameters()) for m in models], _backward, steps, sync_every, 0.7,
+                          0.9, eager, penalty=penalty, clip=clip)
 
 
 def _case_simulation(rank: int) -> None:
@@ -203,6 +215,10 @@ def _case_simulation(rank: int) -> None:
     # the all-reduce behind a whole phase: delayed outer gradients, and Kale et al.'s eager updates
     _against_stale("overlap H, delayed", rank, eager=False)
     _against_stale("overlap H, eager", rank, eager=True)
+    # CO2: the delayed average penalized by its staleness gap, and clipped
+    _against_stale("overlap H, CO2 penalty", rank, eager=False, penalty=1.0)
+    _against_stale("overlap H, CO2 penalty and clipping", rank, eager=False, penalty=0.5, clip=0.1)
+    _against_stale("overlap H, eager, clipped", rank, eager=True, clip=0.1)
     # bfloat16 pseudo-gradients, float32 parameters: bit for bit (the same inner optimizer simulated)
     _against_simulation("bfloat16 pseudo-gradients", lambda m: gradwise.DiLoCo(
         _adamw(m.parameters()), sync_every=2, pseudo_gradient_dtype=torch.bfloat16), _adamw, torch.float32, 20,
@@ -213,11 +229,14 @@ def _case_resume(rank: int) -> None:
     for label, kwargs in (("plain", {}), ("bfloat16, two fragments", {"pseudo_gradient_dtype": torch.bfloat16,
                                                                        "fragments": 2}),
                           ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25}),
-                          ("eager, saved with a sync under way", {"overlap": 3, "eager": True})):
+                          ("eager, saved with a sync under way", {"overlap": 3, "eager": True}),
+                          ("CO2, saved with a sync under way", {"overlap": 3, "staleness_penalty": 1.0,
+                                                                "outer_clip": 0.1})):
         model = _mlp()
         diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
-        _train(diloco, model, _backward, range(4), rank)  # one step into the second phase
+        _train(diloco, model, _backward, range(7), rank)  # one step into the third phase
         assert bool(diloco.pending) == ("overlap" in kwargs), label
+        assert all(g.abs().max() > 0 for g in diloco.gaps), label  # CO2's gaps, saved non-zero
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "diloco": diloco.state_dict()}, buffer)
         copied_model, copied = copy.deepcopy((model, diloco))
@@ -229,7 +248,7 @@ def _case_resume(rank: int) -> None:
         dcp_model, from_dcp = _through_dcp(label, model, diloco, lambda m: gradwise.DiLoCo(
             _adamw(m.parameters()), sync_every=3, **kwargs), rank)
         for m, d in ((model, diloco), (copied_model, copied), (resumed_model, resumed), (dcp_model, from_dcp)):
-            _train(d, m, _backward, range(4, 11), rank)
+            _train(d, m, _backward, range(7, 14), rank)
         _assert_equal(f"{label}: resumed from state_dict vs uninterrupted", resumed_model, model)
         _assert_equal(f"{label}: resumed through DCP vs uninterrupted", dcp_model, model)
         _assert_equal(f"{label}: deepcopy vs original", copied_model, model)
@@ -340,6 +359,12 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"overlap": -1}, r"overlap=-1"),
     ({"merge_alpha": 1.5}, r"merge_alpha=1.5: expected a number from 0 to 1"),
     ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
+    ({"staleness_penalty": -1.0}, r"staleness_penalty=-1.0: expected a finite number >= 0"),
+    ({"staleness_penalty": 1.0, "sync_every": 4},
+     r"staleness_penalty=1.0 with overlap=0, eager=False: .* expected overlap=sync_every \(4\) and eager=False"),
+    ({"staleness_penalty": 1.0, "sync_every": 4, "overlap": 4, "eager": True}, r"overlap=4, eager=True"),
+    ({"outer_clip": 0.0}, r"outer_clip=0.0: expected None or a finite norm > 0"),
+    ({"outer_clip": True}, r"outer_clip=True"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     model = _mlp()
@@ -365,6 +390,16 @@ def test_a_state_of_another_configuration_is_refused_before_anything_changes():
     assert after["local_step"] == before["local_step"] == 3
     assert all(torch.equal(a, b) for a, b in zip(after["synced"], before["synced"]))
     assert _same(after["inner"], before["inner"]) and _same(after["outer"], before["outer"])
+
+
+def test_a_state_without_co2_gaps_is_refused_by_a_diloco_with_a_staleness_penalty():
+    model = _mlp()
+    co2 = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, overlap=2, staleness_penalty=1.0)
+    plain = gradwise.DiLoCo(_adamw(_mlp().parameters()), sync_every=2, overlap=2)
+    with pytest.raises(ValueError, match=r"holds 0 staleness gaps, this DiLoCo 4 \(staleness_penalty=1.0\)"):
+        co2.load_state_dict(plain.state_dict())
+    with pytest.raises(ValueError, match=r"holds 4 staleness gaps, this DiLoCo 0"):
+        plain.load_state_dict(co2.state_dict())
 
 
 def _same(a, b) -> bool:

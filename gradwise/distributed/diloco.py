@@ -20,8 +20,8 @@ outer step ``tau`` inner steps later, the worker's parameters then merged as
 ``theta_local <- alpha theta_local + (1 - alpha) theta_sync`` (``merge_alpha``; 0 replaces them), so
 that the all-reduce runs behind ``tau`` inner steps instead of blocking. ``overlap=H`` hides the
 all-reduce behind a whole phase: each phase's average is applied one phase late, at the next sync (the
-one-step-stale outer update of Kale et al. 2025's "delayed outer gradients"; CO2, Sun et al. 2024, adds a
-staleness penalty and clipping to it, which are not built here), and every phase restarts from the outer copy.
+one-step-stale outer update of Kale et al. 2025's "delayed outer gradients", and CO2's, Sun et al. 2024),
+and every phase restarts from the outer copy.
 ``eager=True`` (with ``overlap=H``) is Kale et al.'s *eager updates* ("Eager Updates For Overlapped Communication
 and Computation in DiLoCo"): at each sync the worker does not wait; it steps its outer copy at once with its own
 fresh pseudo-gradient in place of its stale one in the last average::
@@ -29,6 +29,10 @@ fresh pseudo-gradient in place of its stale one in the last average::
     delta_tilde = delta_bar_prev + (delta_mine - delta_mine_prev) / M    (delta_bar_prev: last phase's average)
 
 so each worker's outer copy follows its own estimate (they differ by ``1/M`` of a phase's local progress).
+``staleness_penalty=lambda`` (with ``overlap=H``, not eager) and ``outer_clip=c`` are CO2's corrections
+(Sun et al. 2024, ``gradwise.distributed.co2``): the stale average divided element-wise by
+``1 + lambda |gap| / mean |gap|``, ``gap`` the last outer step, and clipped to norm ``c`` per fragment
+before the outer step.
 
 Every byte this worker sends goes through ``gradwise.core.collectives`` and is counted in ``traffic``
 (``comm_stats``): one all-reduce per fragment, device and dtype at each of its syncs, of
@@ -46,6 +50,7 @@ from torch import Tensor
 
 from gradwise.core.collectives import Traffic, all_reduce_started, deepcopy_on_group
 from gradwise.core.params import DTensor
+from gradwise.distributed.co2 import clip_, penalize_
 from gradwise.distributed.layout import load_optimizer_layout, optimizer_layout
 
 
@@ -92,12 +97,17 @@ class DiLoCo:
         merge_alpha: how much of its own parameters a worker keeps when an overlapped outer step applies.
         eager: Kale et al.'s eager updates (needs ``overlap=sync_every``): the outer step at each sync on the
             last average with this worker's fresh pseudo-gradient in place of its stale one.
+        staleness_penalty: CO2's staleness-gap penalty lambda (>= 0; > 0 needs ``overlap=sync_every`` and
+            ``eager=False``): the stale average divided by ``1 + lambda |gap| / mean |gap|``.
+        outer_clip: CO2's clipping (None, or a norm > 0): each fragment's averaged pseudo-gradient scaled
+            to at most this L2 norm before the outer step.
     """
 
     def __init__(self, inner: torch.optim.Optimizer, outer: Callable[..., torch.optim.Optimizer] = outer_nesterov,
                  outer_lr: float = 0.7, sync_every: int = 500, process_group: Any = None, *,
                  pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1, overlap: int = 0,
-                 merge_alpha: float = 0.0, eager: bool = False) -> None:
+                 merge_alpha: float = 0.0, eager: bool = False, staleness_penalty: float = 0.0,
+                 outer_clip: float | None = None) -> None:
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"invalid inner, a {type(inner).__name__}: expected a torch.optim.Optimizer"
                             " (e.g. gradwise.AdamW(model.parameters()))")
@@ -121,6 +131,16 @@ class DiLoCo:
                              f" ({sync_every})")
         if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, (int, float)) or not 0 <= merge_alpha <= 1:
             raise ValueError(f"invalid merge_alpha={merge_alpha!r}: expected a number from 0 to 1")
+        if isinstance(staleness_penalty, bool) or not isinstance(staleness_penalty, (int, float)) \
+                or not 0 <= staleness_penalty < math.inf:
+            raise ValueError(f"invalid staleness_penalty={staleness_penalty!r}: expected a finite number >= 0")
+        if staleness_penalty and (overlap != sync_every or eager):
+            raise ValueError(f"invalid staleness_penalty={staleness_penalty!r} with overlap={overlap!r},"
+                             f" eager={eager!r}: CO2's penalty is for the one-step-stale outer update; expected"
+                             f" overlap=sync_every ({sync_every}) and eager=False")
+        if outer_clip is not None and (isinstance(outer_clip, bool) or not isinstance(outer_clip, (int, float))
+                                       or not 0 < outer_clip < math.inf):
+            raise ValueError(f"invalid outer_clip={outer_clip!r}: expected None or a finite norm > 0")
         if process_group is not None and not dist.is_initialized():
             raise ValueError(f"invalid process_group={process_group!r}: torch.distributed is not initialized")
         params = [p for g in inner.param_groups for p in g["params"]]
@@ -139,6 +159,8 @@ class DiLoCo:
         self.overlap = overlap
         self.merge_alpha = float(merge_alpha)
         self.eager = eager
+        self.staleness_penalty = float(staleness_penalty)
+        self.outer_clip = None if outer_clip is None else float(outer_clip)
         #: the syncs started and not applied yet, oldest first
         self.pending: list[Pending] = []
         self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
@@ -147,6 +169,8 @@ class DiLoCo:
         self.local_step = 0
         self.params = params
         self.synced = [p.detach().clone() for p in params]
+        #: CO2's staleness gap: each parameter's last outer step (kept only with a staleness penalty)
+        self.gaps = [torch.zeros_like(s) for s in self.synced] if staleness_penalty else []
         #: the parameter indices of each fragment, a contiguous run
         self.fragments = [range(f * len(params) // fragments, (f + 1) * len(params) // fragments)
                           for f in range(fragments)]
@@ -250,12 +274,20 @@ class DiLoCo:
     def _outer_step(self, fragment: int, means: list[tuple[list[int], Tensor]]) -> None:
         """``fragment``'s outer step on the given mean pseudo-gradients (flat, one per bucket); the worker
         restarts from (or merges with) the outer copy."""
-        for members, mean in means:
-            for i, delta in zip(members, mean.split([self.params[i].numel() for i in members])):
-                self.synced[i].grad = delta.view_as(self.synced[i])
+        deltas = [(i, delta.view_as(self.synced[i])) for members, mean in means
+                  for i, delta in zip(members, mean.split([self.params[i].numel() for i in members]))]
+        for i, delta in deltas:
+            if self.gaps:
+                penalize_(delta, self.gaps[i], self.staleness_penalty)
+                self.gaps[i].copy_(self.synced[i])
+            self.synced[i].grad = delta
+        if self.outer_clip is not None:
+            clip_([delta for _, delta in deltas], self.outer_clip)
         self.outer[fragment].step()
         for i in self.fragments[fragment]:
             self.synced[i].grad = None
+            if self.gaps:  # the step just taken: theta_new - theta_old
+                self.gaps[i].sub_(self.synced[i]).neg_()
             if self.merge_alpha:
                 self.params[i].lerp_(self.synced[i], 1 - self.merge_alpha)
             else:
@@ -293,7 +325,8 @@ class DiLoCo:
         return {"inner": optimizer_layout(self.inner), "outer": [optimizer_layout(o) for o in self.outer],
                 "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
                 "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
-                "eager": self.eager, "pending": slots, "traffic": self.traffic.state_dict(("all_reduce",))}
+                "eager": self.eager, "pending": slots, "traffic": self.traffic.state_dict(("all_reduce",)),
+                "gaps": [g.clone() for g in self.gaps]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
@@ -311,6 +344,11 @@ class DiLoCo:
                                                   for s, t in zip(synced, self.synced)):
             raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
                              " parameters'; load a state saved for this model")
+        gaps = state.get("gaps", [])
+        if len(gaps) != len(self.gaps) or any(g.shape != s.shape for g, s in zip(gaps, self.gaps)):
+            raise ValueError(f"DiLoCo.load_state_dict: the state holds {len(gaps)} staleness gaps, this DiLoCo"
+                             f" {len(self.gaps)} (staleness_penalty={self.staleness_penalty}); build it with a"
+                             " staleness penalty exactly when the saved one had one")
         # a slot per fragment (apply_at -1: none under way), or, saved before that layout, a list of the
         # syncs under way, each naming its fragment
         pending = [{"fragment": p.get("fragment", f), "apply_at": p["apply_at"],
@@ -329,7 +367,7 @@ class DiLoCo:
         for outer, saved in zip(self.outer, layouts[1:]):
             load_optimizer_layout(outer, saved)
         with torch.no_grad():
-            for s, saved in zip(self.synced, synced):
+            for s, saved in zip(self.synced + self.gaps, synced + gaps):
                 s.copy_(saved)
         self.local_step = int(state["local_step"])
         pending.sort(key=lambda p: (p["apply_at"], p["fragment"]))  # the queue's order: oldest first
@@ -349,6 +387,8 @@ class DiLoCo:
         fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
         overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
         overlap += ", eager=True" if self.eager else ""
+        overlap += f", staleness_penalty={self.staleness_penalty}" if self.staleness_penalty else ""
+        overlap += f", outer_clip={self.outer_clip}" if self.outer_clip is not None else ""
         return (f"DiLoCo(inner={type(self.inner).__name__}, outer={type(self.outer[0]).__name__},"
                 f" outer_lr={self.outer_lr}, sync_every={self.sync_every}, workers={self.world}{dtype}{fragments}"
                 f"{overlap})")

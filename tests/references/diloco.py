@@ -13,7 +13,8 @@ phase, so the outer step at sync ``t`` uses
 * delayed outer gradients: the last phase's average ``delta_bar(t - 1)`` (none at the first sync);
 * eager updates: ``(1/M) delta_m(t) + (1/M) sum over the other workers k of delta_k(t - 1)``;
 
-then the outer Nesterov on ``theta_m``, and the worker restarts from it: ``x_m <- theta_m``.
+then the outer Nesterov on ``theta_m``, and the worker restarts from it: ``x_m <- theta_m``. CO2 (Sun et al.
+2024) corrects the delayed average by its staleness gap and clips it (``penalty``, ``clip``).
 """
 from __future__ import annotations
 
@@ -69,12 +70,16 @@ def mean_pseudo_gradient(synced, worker_params, dtype, comm_dtype) -> torch.Tens
 
 
 def simulate_stale(models, inners, backward, steps: int, sync_every: int, outer_lr: float, momentum: float,
-                   eager: bool) -> list[list[torch.Tensor]]:
-    """Each worker's parameters after ``steps`` inner steps (``backward(model, step, rank)`` fills grads)."""
+                   eager: bool, penalty: float = 0.0, clip: float | None = None) -> list[list[torch.Tensor]]:
+    """Each worker's parameters after ``steps`` inner steps (``backward(model, step, rank)`` fills grads).
+    ``penalty`` and ``clip``: CO2's corrections as gradwise writes them (``gradwise.distributed.co2``): the
+    stale average divided by ``1 + penalty |gap| / mean |gap|`` (``gap``: the last outer step of each
+    parameter), then scaled to an L2 norm of at most ``clip`` over all the parameters."""
     world = len(models)
     params = [list(m.parameters()) for m in models]
     outer = [[p.detach().clone() for p in ps] for ps in params]
     momenta = [[None] * len(ps) for ps in params]
+    gaps = [[torch.zeros_like(p) for p in ps] for ps in outer]
     last = None  # every worker's pseudo-gradients of the last sync
     for step in range(1, steps + 1):
         for rank in range(world):
@@ -86,20 +91,30 @@ def simulate_stale(models, inners, backward, steps: int, sync_every: int, outer_
         with torch.no_grad():
             deltas = [[theta - x for theta, x in zip(outer[m], params[m])] for m in range(world)]
             for m in range(world):
-                for i in range(len(params[m])):
-                    if eager:
-                        others = sum(last[k][i] for k in range(world) if k != m) if last else 0
-                        d = (deltas[m][i] + others) / world
-                    elif last:
-                        d = sum(last[k][i] for k in range(world)) / world
-                    else:
-                        d = None
-                    if d is not None:
+                n = len(params[m])
+                if eager:
+                    others = [sum(last[k][i] for k in range(world) if k != m) if last else 0 for i in range(n)]
+                    ds = [(deltas[m][i] + others[i]) / world for i in range(n)]
+                elif last:
+                    ds = [sum(last[k][i] for k in range(world)) / world for i in range(n)]
+                else:
+                    ds = None
+                if ds is not None:
+                    if penalty:
+                        ds = [d / (1 + penalty * g.abs() / g.abs().mean()) if g.abs().mean() > 0 else d
+                              for d, g in zip(ds, gaps[m])]
+                    norm = sum(d.square().sum() for d in ds).sqrt()
+                    if clip is not None and norm > clip:
+                        ds = [d * (clip / norm) for d in ds]
+                    for i, d in enumerate(ds):
                         if momentum:
                             b = momenta[m][i]
                             momenta[m][i] = d.clone() if b is None else b.mul_(momentum).add_(d)
                             d = d + momentum * momenta[m][i]
+                        before = outer[m][i].clone()
                         outer[m][i] -= outer_lr * d
+                        gaps[m][i] = outer[m][i] - before
+                for i in range(n):
                     params[m][i].copy_(outer[m][i])
             last = deltas
     return params
