@@ -5,8 +5,8 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
 * **DeMo reference**: the workers' algorithm written out from the paper in numpy float64 in
   ``tests/references/demo.py`` (scipy's orthonormal DCT-II per block, each worker's momentum, its top-k
   components per block removed from it, each component's mean over the workers that sent it, the inverse
-  DCT, sign or not, decoupled weight decay), step by step for 20 steps, within 1e-10; the parameters are
-  the same on both workers;
+  DCT, sign, q itself or the Adam-like final step, decoupled weight decay), step by step for 20 steps, within
+  1e-10; the parameters are the same on both workers;
 * **DeMo resume**: ``state_dict`` through ``torch.save`` and through ``torch.distributed.checkpoint`` (each
   worker's under its own key, loaded into a fresh DeMo's ``state_dict``) into a new model and DeMo, and a
   ``copy.deepcopy``, continue bit-identically (the sent bytes too);
@@ -131,7 +131,8 @@ def _powersgd_reference(steps: int, lr: float, plain: int, rank: int, seed: int)
 # --------------------------------------------------------------------------- the cases, inside each rank
 def _case_demo_reference(rank: int) -> None:
     for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
-                          ("q itself", {"weight_decay": 0.0, "sign": False})):
+                          ("q itself", {"weight_decay": 0.0, "sign": False}),
+                          ("Adam-like final step", {"weight_decay": 0.1, "sign": False, "adam_beta2": 0.99})):
         model = _ConvNet()
         initial = [p.detach().clone() for p in model.parameters()]
         demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
@@ -276,6 +277,9 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"chunk": 0}, r"chunk=0: expected an int >= 1"),
     ({"topk": 2.0}, r"topk=2.0: expected an int >= 1"),
     ({"sign": 1}, r"sign=1: expected True"),
+    ({"adam_beta2": 1.0, "sign": False}, r"adam_beta2=1.0: expected None or a number from 0 to 1 \(1 excluded\)"),
+    ({"adam_beta2": 0.99}, r"adam_beta2=0.99 with sign=True: .* expected sign=False with it"),
+    ({"eps": 0.0}, r"eps=0.0: expected a finite number > 0"),
     ({"process_group": object()}, r"process_group=.*torch.distributed is not initialized"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):

@@ -10,6 +10,14 @@ DDP, inside ``no_sync()``) and ``step()``, which, for every parameter ``x`` with
     all-gather (i, v) from every worker;   C[j] = mean of the v sent for component j (0 if none sent it)
     q  = iDCT(C);   x <- x * (1 - lr * weight_decay) - lr * sign(q)    (q itself with sign=False)
 
+``adam_beta2=b2`` (with ``sign=False``) is an Adam-like final step: a second moment of ``q``,
+``v <- b2 v + (1 - b2) q^2`` and ``x <- x (1 - lr wd) - lr q / (sqrt(v / (1 - b2^t)) + eps)``. Of ``q``, not of
+the gradient: ``q`` is the same on every worker, so ``v`` is too and the parameters stay identical without
+another byte sent; and ``q`` already is a momentum (the decoupled one, its fast components), so Adam's first
+moment is not added on top (a second momentum, which a gradwise transform chain after ``q`` would add). It
+keeps what ``sign`` drops, each coordinate's size relative to its own history, at a step of ``lr`` per
+coordinate on average, as signum's.
+
 The mean over the workers that sent a component, the chunk size of a dim (its largest divisor <= s), and
 the decoupled weight decay follow the authors' released code (bloc97/DeMo); the momentum follows the
 paper (the code folds ``lr`` into it: the same with a constant lr). Every worker computes ``q`` from the
@@ -51,12 +59,16 @@ class DeMo(torch.optim.Optimizer):
         topk: k, the components of each block sent per step (an int >= 1, at most the block's size).
         weight_decay: decoupled weight decay (>= 0), ``x <- x * (1 - lr * weight_decay)``.
         sign: take ``sign(q)`` (the paper's signum variant, default) or ``q`` itself.
+        adam_beta2: None, or the decay (0 <= b2 < 1) of a second moment of ``q`` that divides it (the
+            Adam-like final step; needs ``sign=False``).
+        eps: added to the second moment's square root (> 0).
         process_group: the workers (default: the default group; one worker when torch.distributed is not
             initialized, which then applies its own top-k components).
     """
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.999, chunk: int = 64, topk: int = 32,
-                 weight_decay: float = 0.0, sign: bool = True, process_group: Any = None) -> None:
+                 weight_decay: float = 0.0, sign: bool = True, process_group: Any = None,
+                 adam_beta2: float | None = None, eps: float = 1e-8) -> None:
         _check("lr", lr, 0 <= lr < math.inf, "a finite number >= 0")
         _check("momentum", momentum, 0 <= momentum < 1, "a number from 0 to 1 (1 excluded)")
         _check("weight_decay", weight_decay, 0 <= weight_decay < math.inf, "a finite number >= 0")
@@ -65,6 +77,12 @@ class DeMo(torch.optim.Optimizer):
                 raise ValueError(f"invalid {name}={value!r}: expected an int >= 1")
         if not isinstance(sign, bool):
             raise TypeError(f"invalid sign={sign!r}: expected True (the signum step) or False (q itself)")
+        if adam_beta2 is not None:
+            _check("adam_beta2", adam_beta2, 0 <= adam_beta2 < 1, "None or a number from 0 to 1 (1 excluded)")
+            if sign:
+                raise ValueError(f"invalid adam_beta2={adam_beta2!r} with sign=True: the Adam-like step divides q"
+                                 " itself by its second moment; expected sign=False with it")
+        _check("eps", eps, 0 < eps < math.inf, "a finite number > 0")
         if process_group is not None and not dist.is_initialized():
             raise ValueError(f"invalid process_group={process_group!r}: torch.distributed is not initialized")
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
@@ -79,6 +97,7 @@ class DeMo(torch.optim.Optimizer):
                                  f" {self.param_groups[0]['params'][0].device}: DeMo sends one buffer per step,"
                                  " from one device")
         self.chunk, self.topk, self.sign = chunk, topk, sign
+        self.adam_beta2, self.eps = (None if adam_beta2 is None else float(adam_beta2)), float(eps)
         self.process_group = process_group
         self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.traffic = Traffic()
@@ -89,6 +108,8 @@ class DeMo(torch.optim.Optimizer):
         # state_dict has one layout from the first step on, as torch.distributed.checkpoint needs
         for p in self._params():
             self.state[p]["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if adam_beta2 is not None:
+                self.state[p]["q_second_moment"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     def _params(self) -> list[Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -124,9 +145,17 @@ class DeMo(torch.optim.Optimizer):
             q = t.decode(_mean_of_sent([w[n] for w in workers], sent[n][1].shape[0], t.components, p.dtype))
             if group["weight_decay"]:
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(q.sign() if self.sign else q, alpha=-group["lr"])
+            p.add_(self._final(p, q), alpha=-group["lr"])
         self.steps += 1
         return loss
+
+    def _final(self, p: Tensor, q: Tensor) -> Tensor:
+        """What the parameter steps along: ``sign(q)``, ``q``, or ``q`` over its second moment's root."""
+        if self.adam_beta2 is None:
+            return q.sign() if self.sign else q
+        v = self.state[p]["q_second_moment"]
+        v.mul_(self.adam_beta2).addcmul_(q, q, value=1 - self.adam_beta2)
+        return q / (v / (1 - self.adam_beta2 ** (self.steps + 1))).sqrt_().add_(self.eps)
 
     def _extract(self, group: dict, p: Tensor, transform: ChunkedDCT) -> tuple[Tensor, Tensor]:
         """The momentum's top-k components per block (indices, values), removed from the momentum."""
@@ -164,6 +193,7 @@ class DeMo(torch.optim.Optimizer):
         needs. Each worker's momentum is its own (key the state by rank under DCP)."""
         out = super().state_dict()
         out["demo"] = {"steps": self.steps, "chunk": self.chunk, "topk": self.topk, "sign": self.sign,
+                       "adam_beta2": self.adam_beta2,
                        "traffic": self.traffic.state_dict(("all_gather",))}
         return out
 
@@ -172,9 +202,9 @@ class DeMo(torch.optim.Optimizer):
         if "demo" not in state_dict:
             raise ValueError("DeMo.load_state_dict: the state lacks 'demo' (not saved by DeMo.state_dict)")
         demo = state_dict["demo"]
-        for key in ("chunk", "topk", "sign"):
-            if demo[key] != getattr(self, key):
-                raise ValueError(f"DeMo.load_state_dict: the state has {key}={demo[key]!r}, this DeMo"
+        for key in ("chunk", "topk", "sign", "adam_beta2"):
+            if demo.get(key) != getattr(self, key):  # a state saved before adam_beta2 existed has none
+                raise ValueError(f"DeMo.load_state_dict: the state has {key}={demo.get(key)!r}, this DeMo"
                                  f" {key}={getattr(self, key)!r}; build it with the same {key}")
         params = self._params()
         for index, saved in state_dict["state"].items():
@@ -193,7 +223,9 @@ class DeMo(torch.optim.Optimizer):
     def __repr__(self) -> str:
         group = self.defaults
         return (f"DeMo(lr={group['lr']}, momentum={group['momentum']}, chunk={self.chunk}, topk={self.topk},"
-                f" weight_decay={group['weight_decay']}, sign={self.sign}, workers={self.world})")
+                f" weight_decay={group['weight_decay']}, sign={self.sign}"
+                + ("" if self.adam_beta2 is None else f", adam_beta2={self.adam_beta2}, eps={self.eps}")
+                + f", workers={self.world})")
 
 
 def _mean_of_sent(sent: list[tuple[Tensor, Tensor]], blocks: int, components: int, dtype) -> Tensor:

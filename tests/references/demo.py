@@ -4,7 +4,8 @@ Peng, Quesnelle, Kingma 2024, "DeMo: Decoupled Momentum Optimization", with the 
 choices (bloc97/DeMo): scipy's orthonormal DCT-II per block (each dim cut into chunks of its largest divisor
 at most ``chunk``), each worker's own momentum ``m <- beta m + g``, its ``topk`` largest components per block
 removed from it and sent, each component's mean over the workers that sent it, the inverse DCT ``q``, then
-``x <- x (1 - lr wd) - lr sign(q)`` (``q`` itself with ``sign=False``).
+``x <- x (1 - lr wd) - lr sign(q)`` (``q`` itself with ``sign=False``); with ``adam_beta2=b2``, gradwise's Adam-like
+final step: ``v <- b2 v + (1 - b2) q^2``, ``x <- x (1 - lr wd) - lr q / (sqrt(v / (1 - b2^t)) + eps)``.
 """
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def idct(blocks: np.ndarray) -> np.ndarray:
 
 
 def simulate(model: torch.nn.Module, backward, world: int, steps: int, lr: float, beta: float,
-             weight_decay: float, sign: bool, chunk: int, topk: int) -> list[np.ndarray]:
+             weight_decay: float, sign: bool, chunk: int, topk: int, adam_beta2: float | None = None,
+             eps: float = 1e-8) -> list[np.ndarray]:
     """The parameters after ``steps`` steps of DeMo on ``world`` workers (``backward(model, step, rank)``
     fills the gradients of ``model``, whose parameters are set to each worker's in turn)."""
     x = [p.detach().numpy().copy() for p in model.parameters()]
     momenta = [[np.zeros_like(p) for p in x] for _ in range(world)]
+    second = [np.zeros_like(p) for p in x]
     for step in range(steps):
         sent = []  # per worker, per parameter: (blocks, components) arrays of the values sent, nan elsewhere
         for rank in range(world):
@@ -76,5 +79,10 @@ def simulate(model: torch.nn.Module, backward, world: int, steps: int, lr: float
             mean = np.where(count > 0, np.nansum(stacked, axis=0) / np.maximum(count, 1), 0.0)
             shape = dct(blocks_of(x[i], chunk)).shape
             q = unblocks(idct(mean.reshape(shape)), x[i].shape)
-            x[i] = x[i] * (1 - lr * weight_decay) - lr * (np.sign(q) if sign else q)
+            if adam_beta2 is None:
+                update = np.sign(q) if sign else q
+            else:
+                second[i] = adam_beta2 * second[i] + (1 - adam_beta2) * q * q
+                update = q / (np.sqrt(second[i] / (1 - adam_beta2 ** (step + 1))) + eps)
+            x[i] = x[i] * (1 - lr * weight_decay) - lr * update
     return x
