@@ -12,8 +12,9 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   the outer Nesterov ``b <- mu b + d; theta <- theta - lr (d + mu b)``): float64 with gradwise's AdamW inside
   against torch's AdamW, a torch inner optimizer with a gradwise outer one, Streaming DiLoCo's staggered
   fragments and its overlapped all-reduce (the outer step applied ``overlap`` steps late, the workers merged);
-  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them), bit for bit; the outer step a whole
-  phase late, delayed and eager (Kale et al. 2025);
+  and in float32 with bfloat16 pseudo-gradients (rounded as gloo sums them) and with int8 ones (gradwise's
+  block codec: each worker's decoded, summed in worker order), bit for bit; the outer step a whole phase late,
+  delayed and eager (Kale et al. 2025), and with CO2's staleness-gap penalty and clipping (Sun et al. 2024);
 * **resume**: ``state_dict`` mid-phase (with a sync under way where the all-reduce is overlapped) through
   ``torch.save`` and through ``torch.distributed.checkpoint`` (each worker's state under its own key, loaded
   into a fresh DiLoCo's ``state_dict``), loaded into a new model and DiLoCo, and a ``copy.deepcopy`` of the
@@ -39,6 +40,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import gradwise
+from gradwise.state.codec import codec_from
 from tests.distributed_harness import (
     assert_stopped_with_error,
     case_failures,
@@ -223,6 +225,21 @@ def _case_simulation(rank: int) -> None:
     _against_simulation("bfloat16 pseudo-gradients", lambda m: gradwise.DiLoCo(
         _adamw(m.parameters()), sync_every=2, pseudo_gradient_dtype=torch.bfloat16), _adamw, torch.float32, 20,
         rank, exact=True, momentum=0.9, comm_dtype=torch.bfloat16)
+    # int8 pseudo-gradients (gradwise's block codec), all-gathered, decoded and averaged: bit for bit as the
+    # reference decodes each worker's and takes the mean; with two fragments and an overlapped sync
+    int8 = codec_from("int8-b16")
+    for label, kwargs in (("int8 pseudo-gradients", {}), ("int8, two fragments, overlap 1", {"fragments": 2,
+                                                                                             "overlap": 1})):
+        _against_simulation(label, lambda m: gradwise.DiLoCo(_adamw(m.parameters()), sync_every=2,
+                            pseudo_gradient_codec=int8, **kwargs), _adamw, torch.float32, 20, rank, exact=True,
+                            momentum=0.9, codec=int8, **kwargs)
+    models = [_mlp() for _ in range(WORLD_SIZE)]  # not vacuous: int8 is not the uncompressed average
+    uncompressed = simulate(models, [_adamw(m.parameters()) for m in models], _backward, torch.float32, 20, 2, 0.7,
+                            momentum=0.9)[rank]
+    models = [_mlp() for _ in range(WORLD_SIZE)]
+    quantized = simulate(models, [_adamw(m.parameters()) for m in models], _backward, torch.float32, 20, 2, 0.7,
+                         momentum=0.9, codec=int8)[rank]
+    assert any((a - b).abs().max() > 1e-5 for a, b in zip(uncompressed, quantized)), "int8 changes nothing"
 
 
 def _case_resume(rank: int) -> None:
@@ -231,7 +248,9 @@ def _case_resume(rank: int) -> None:
                           ("overlap 2, saved with a sync under way", {"overlap": 2, "merge_alpha": 0.25}),
                           ("eager, saved with a sync under way", {"overlap": 3, "eager": True}),
                           ("CO2, saved with a sync under way", {"overlap": 3, "staleness_penalty": 1.0,
-                                                                "outer_clip": 0.1})):
+                                                                "outer_clip": 0.1}),
+                          ("int8, eager, saved with a sync under way", {"overlap": 3, "eager": True,
+                                                                        "pseudo_gradient_codec": "int8"})):
         model = _mlp()
         diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
         _train(diloco, model, _backward, range(7), rank)  # one step into the third phase
@@ -302,6 +321,17 @@ def _case_bytes(rank: int) -> None:
     first, second = 2 * 56 * 4, 2 * (27 * 4 + 5 * 8)
     assert diloco.comm_stats == {"collectives": 6, "bytes_sent": first + second, "all_reduce_bytes": first + second,
                                  "steps": 8, "bytes_sent_per_step": (first + second) / 8}, diloco.comm_stats
+    # int8 in blocks of 2048: 83 codes and one float32 scale, 87 bytes per sync, all-gathered
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, pseudo_gradient_codec="int8")
+    _train(diloco, model, _backward, range(6), rank)
+    assert diloco.comm_stats == {"collectives": 2, "bytes_sent": 174, "all_gather_bytes": 174, "steps": 6,
+                                 "bytes_sent_per_step": 29.0}, diloco.comm_stats
+    # in blocks of 16: 83 codes and 6 scales, 107 bytes
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, pseudo_gradient_codec="int8-b16")
+    _train(diloco, model, _backward, range(3), rank)
+    assert diloco.comm_stats["all_gather_bytes"] == 107, diloco.comm_stats
 
 
 CASES = {"data-parallel": _case_data_parallel, "simulation": _case_simulation, "resume": _case_resume,
@@ -365,6 +395,9 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"staleness_penalty": 1.0, "sync_every": 4, "overlap": 4, "eager": True}, r"overlap=4, eager=True"),
     ({"outer_clip": 0.0}, r"outer_clip=0.0: expected None or a finite norm > 0"),
     ({"outer_clip": True}, r"outer_clip=True"),
+    ({"pseudo_gradient_codec": "int3"}, r"invalid pseudo_gradient_codec='int3': expected one of 'fp32'"),
+    ({"pseudo_gradient_codec": "int8", "pseudo_gradient_dtype": torch.bfloat16},
+     r"pseudo_gradient_codec='int8' with pseudo_gradient_dtype=torch.bfloat16: expected one of them, not both"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     model = _mlp()

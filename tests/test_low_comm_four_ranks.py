@@ -10,9 +10,11 @@ modules, ``test_diloco.py`` and ``test_demo.py``, cover the rest: resume, bytes,
 * **DiLoCo reference**: ``simulate`` and ``simulate_stale`` of ``tests/references/diloco.py`` (the four
   workers one after the other, float64): gradwise AdamW inside and the paper's outer Nesterov, plain and
   with Kale et al.'s eager updates (where each worker's estimate differs from the others' by a quarter of
-  its own phase), over 21 steps, within 1e-10;
-* **DeMo reference**: ``tests/references/demo.py`` with four workers over 20 steps, within 1e-10; the
-  parameters are the same on every worker, the residual momenta differ.
+  its own phase) and with CO2's staleness-gap penalty and clipping, over 21 steps, within 1e-10; and with
+  int8 pseudo-gradients (all-gathered, each worker's decoded, summed in rank order) in float32, bit for bit;
+* **DeMo reference**: ``tests/references/demo.py`` with four workers over 20 steps, within 1e-10 (sign, ``q``
+  itself and the Adam-like final step); the parameters are the same on every worker, the residual momenta
+  differ.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import gradwise
+from gradwise.state.codec import codec_from
 from tests.distributed_harness import needs_gloo, run_cases, spawn
 from tests.references.demo import simulate as simulate_demo
 from tests.references.diloco import simulate, simulate_stale
@@ -161,11 +164,30 @@ def _case_diloco_reference(rank: int) -> None:
     _assert_close("eager", model.parameters(), expected[rank])
     first = _everyone(next(model.parameters()))
     assert not torch.equal(first[0], first[3]), "eager: the workers' outer copies agree"
+    model = _mlp()
+    _train(gradwise.DiLoCo(_adamw(model.parameters()), sync_every=sync_every, overlap=sync_every,
+                           staleness_penalty=0.5, outer_clip=0.1), model, _backward, range(steps), rank)
+    models = [_mlp() for _ in range(WORLD_SIZE)]
+    expected = simulate_stale(models, [_torch_adamw(m.parameters()) for m in models], _backward, steps,
+                              sync_every, 0.7, 0.9, eager=False, penalty=0.5, clip=0.1)
+    _assert_moved("CO2", model, initial)
+    _assert_close("CO2", model.parameters(), expected[rank])
+    # int8 pseudo-gradients, all-gathered: every worker's decoded, summed in rank order, bit for bit
+    int8 = codec_from("int8-b16")
+    model = _mlp(torch.float32)
+    _train(gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, pseudo_gradient_codec=int8), model, _backward,
+           range(20), rank)
+    models = [_mlp(torch.float32) for _ in range(WORLD_SIZE)]
+    expected = simulate(models, [_adamw(m.parameters()) for m in models], _backward, torch.float32, 20, 2, 0.7,
+                        momentum=0.9, codec=int8)[rank]
+    for i, (p, q) in enumerate(zip(model.parameters(), expected, strict=True)):
+        assert torch.equal(p, q), f"int8, parameter {i}: max abs diff {(p - q).abs().max().item():.3g}"
 
 
 def _case_demo_reference(rank: int) -> None:
     for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
-                          ("q itself", {"weight_decay": 0.0, "sign": False})):
+                          ("q itself", {"weight_decay": 0.0, "sign": False}),
+                          ("Adam-like final step", {"weight_decay": 0.1, "sign": False, "adam_beta2": 0.99})):
         model = _ConvNet()
         initial = [p.detach().clone() for p in model.parameters()]
         demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)

@@ -73,6 +73,15 @@ def all_gather(tensor: Tensor, group, traffic: Traffic) -> list[Tensor]:
     return gathered
 
 
+def all_gather_started(tensor: Tensor, group, traffic: Traffic) -> tuple[list[Tensor], object]:
+    """Every rank's ``tensor`` gathering in the background: (the buffers, in rank order, and the ``Work``
+    to ``wait()`` on before reading them). Counted when it starts, as ``all_gather``."""
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(gathered, tensor, group=group, async_op=True)
+    traffic.record("all_gather", tensor.nbytes)
+    return gathered, work
+
+
 def all_to_all(chunks: list[Tensor], sizes: list[int], group, traffic: Traffic) -> list[Tensor]:
     """Send ``chunks[r]`` (1-D, one dtype) to rank r of ``group``; returns what each rank sent here,
     ``sizes[r]`` elements from rank r."""

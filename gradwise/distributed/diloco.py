@@ -11,6 +11,8 @@ inner steps the workers average their pseudo-gradients and an outer optimizer st
 The outer optimizer defaults to the paper's Nesterov SGD (momentum 0.9, ``outer_lr`` 0.7).
 ``pseudo_gradient_dtype=torch.bfloat16`` casts each worker's delta to bfloat16 before the all-reduce
 (a plain cast, round to nearest even; the sum runs in bfloat16) and back after: half the bytes.
+``pseudo_gradient_codec="int8"`` (or any gradwise state codec) sends them encoded and all-gathered, each
+worker summing everyone's decoded values (``gradwise.distributed.encoded``): about a quarter of the bytes.
 ``fragments=P`` is Streaming DiLoCo's staggering (Douillard et al. 2025, "Streaming DiLoCo with overlapping
 communication"): the parameters, in order, are cut into ``P`` runs of about equal count, each with its own
 synced copy and outer optimizer, and fragment ``p`` syncs after the inner steps ``s`` with
@@ -36,22 +38,23 @@ before the outer step.
 
 Every byte this worker sends goes through ``gradwise.core.collectives`` and is counted in ``traffic``
 (``comm_stats``): one all-reduce per fragment, device and dtype at each of its syncs, of
-``numel x element size`` bytes (the communication dtype's).
+``numel x element size`` bytes (the communication dtype's); with a codec, one all-gather of its encoded bytes.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gradwise.core.collectives import Traffic, all_reduce_started, deepcopy_on_group
+from gradwise.core.collectives import Traffic, all_gather_started, all_reduce_started, deepcopy_on_group
 from gradwise.core.params import DTensor
 from gradwise.distributed.co2 import clip_, penalize_
-from gradwise.distributed.layout import load_optimizer_layout, optimizer_layout
+from gradwise.distributed.diloco_state import DiLoCoState, Pending
+from gradwise.distributed.encoded import EncodedBucket
+from gradwise.state.codec import codec_from
 
 
 def outer_nesterov(params, lr: float) -> torch.optim.Optimizer:
@@ -59,26 +62,7 @@ def outer_nesterov(params, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
 
 
-@dataclass
-class Pending:
-    """A fragment's sync under way: the summed pseudo-gradients (one buffer per device and dtype, each
-    with its parameter indices) and the all-reduces filling them, applied after inner step ``apply_at``."""
-
-    fragment: int
-    apply_at: int
-    buffers: list[tuple[list[int], Tensor]]
-    works: list[Any]
-    #: eager updates: this worker's own pseudo-gradient in each buffer, as it was sent (before the sum)
-    own: list[Tensor] | None = None
-
-    def wait(self) -> None:
-        for work in self.works:
-            if work is not None:
-                work.wait()
-        self.works = [None] * len(self.works)
-
-
-class DiLoCo:
+class DiLoCo(DiLoCoState):
     """``step()`` where ``inner.step()`` was; every ``sync_every`` steps the workers average what they moved.
 
     Args:
@@ -91,6 +75,8 @@ class DiLoCo:
         process_group: the workers (default: the default group; one worker when torch.distributed is not
             initialized). Every worker must start from the same parameters, as DDP's replicas do.
         pseudo_gradient_dtype: the dtype the pseudo-gradients travel in (None: the parameters' own).
+        pseudo_gradient_codec: None, or a codec they travel encoded by (``"int8"``, ``"int8-b256"``, ``"int4"``,
+            ``"fp8"``, ``"bf16"`` or a ``gradwise.state`` codec); all-gathered, not all-reduced.
         fragments: Streaming DiLoCo's fragments, synced at staggered steps (1: plain DiLoCo).
         overlap: inner steps the all-reduce runs behind before its outer step applies (0: it blocks;
             ``sync_every``: a whole phase, the average applied at the next sync).
@@ -107,7 +93,7 @@ class DiLoCo:
                  outer_lr: float = 0.7, sync_every: int = 500, process_group: Any = None, *,
                  pseudo_gradient_dtype: torch.dtype | None = None, fragments: int = 1, overlap: int = 0,
                  merge_alpha: float = 0.0, eager: bool = False, staleness_penalty: float = 0.0,
-                 outer_clip: float | None = None) -> None:
+                 outer_clip: float | None = None, pseudo_gradient_codec: Any = None) -> None:
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"invalid inner, a {type(inner).__name__}: expected a torch.optim.Optimizer"
                             " (e.g. gradwise.AdamW(model.parameters()))")
@@ -122,6 +108,11 @@ class DiLoCo:
                                                       and pseudo_gradient_dtype.is_floating_point):
             raise ValueError(f"invalid pseudo_gradient_dtype={pseudo_gradient_dtype!r}: expected None or a"
                              " floating-point torch.dtype (e.g. torch.bfloat16)")
+        codec = codec_from(pseudo_gradient_codec, "pseudo_gradient_codec") if pseudo_gradient_codec is not None \
+            else None
+        if codec is not None and pseudo_gradient_dtype is not None:
+            raise ValueError(f"invalid pseudo_gradient_codec={pseudo_gradient_codec!r} with pseudo_gradient_dtype="
+                             f"{pseudo_gradient_dtype!r}: expected one of them, not both")
         if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= sync_every:
             raise ValueError(f"invalid overlap={overlap!r}: expected an int from 0 to sync_every"
                              f" ({sync_every}), the inner steps an all-reduce may run behind")
@@ -156,6 +147,9 @@ class DiLoCo:
         self.sync_every = sync_every
         self.process_group = process_group
         self.pseudo_gradient_dtype = pseudo_gradient_dtype
+        self.codec = codec
+        #: each (fragment, bucket)'s encoded layout, with a codec
+        self.encoded: dict[tuple[int, int], EncodedBucket] = {}
         self.overlap = overlap
         self.merge_alpha = float(merge_alpha)
         self.eager = eager
@@ -229,12 +223,21 @@ class DiLoCo:
     def _start(self, fragment: int) -> Pending:
         """Each worker's pseudo-gradient of ``fragment``, in one buffer per device and dtype, all-reducing."""
         buffers, works, own = [], [], []
-        for members in self._buckets(fragment):
+        for b, members in enumerate(self._buckets(fragment)):
             flat = torch.cat([(self.synced[i] - self.params[i]).reshape(-1) for i in members])
-            sent = flat if self.pseudo_gradient_dtype is None else flat.to(self.pseudo_gradient_dtype)
-            if self.eager:
-                own.append(sent.clone())
-            works.append(all_reduce_started(sent, self.process_group, self.traffic) if self.world > 1 else None)
+            if self.codec is not None:  # the encoded bytes, all-gathered: a list of every worker's
+                encoded = self.encoded.setdefault((fragment, b), EncodedBucket(self.codec, flat.numel(), flat.dtype))
+                payload = encoded.payload(flat, self.local_step)
+                if self.eager:
+                    own.append(encoded.decode(payload))
+                sent, work = all_gather_started(payload, self.process_group, self.traffic) if self.world > 1 \
+                    else ([payload], None)
+            else:
+                sent = flat if self.pseudo_gradient_dtype is None else flat.to(self.pseudo_gradient_dtype)
+                if self.eager:
+                    own.append(sent.clone())
+                work = all_reduce_started(sent, self.process_group, self.traffic) if self.world > 1 else None
+            works.append(work)
             buffers.append((members, sent))
         return Pending(fragment, self.local_step + self.overlap, buffers, works, own if self.eager else None)
 
@@ -242,8 +245,15 @@ class DiLoCo:
     def _apply(self, pending: Pending) -> None:
         """The outer step on the averaged pseudo-gradient; the worker restarts from (or merges with) it."""
         pending.wait()
-        self._outer_step(pending.fragment, [(members, summed.to(self.params[members[0]].dtype).div_(self.world))
-                                            for members, summed in pending.buffers])
+        self._outer_step(pending.fragment, [(members, self._summed(pending, b).div_(self.world))
+                                            for b, (members, _) in enumerate(pending.buffers)])
+
+    def _summed(self, pending: Pending, b: int) -> Tensor:
+        """Bucket ``b``'s sum over the workers, in the parameters' dtype (a codec's: decoded, summed here)."""
+        members, summed = pending.buffers[b]
+        if isinstance(summed, list):
+            return self.encoded[pending.fragment, b].summed(summed)
+        return summed.to(self.params[members[0]].dtype)
 
     @torch.no_grad()
     def _apply_stale(self, started: Pending, previous: Pending | None) -> None:
@@ -267,7 +277,7 @@ class DiLoCo:
                 mean.sub_(previous.own[b].to(dtype))
             mean.div_(self.world)
             if previous is not None:
-                mean.add_(previous.buffers[b][1].to(dtype) / self.world)
+                mean.add_(self._summed(previous, b) / self.world)
             means.append((members, mean))
         self._outer_step(started.fragment, means)
 
@@ -301,80 +311,6 @@ class DiLoCo:
         out.update(steps=self.local_step, bytes_sent_per_step=out["bytes_sent"] / max(self.local_step, 1))
         return out
 
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """This worker's state: the inner and outer optimizers' (``gradwise.distributed.layout``), the
-        synced copy, the step count, one slot per fragment for its sync under way (``apply_at`` -1 when
-        none) and what was sent. One layout from the first step on, so that ``torch.distributed.checkpoint``
-        loads it into a fresh DiLoCo's; each worker's is its own (key it by rank under DCP)."""
-        for pending in self.pending:
-            pending.wait()
-        slots = []
-        for f in range(len(self.fragments)):
-            pending = next((p for p in self.pending if p.fragment == f), None)
-            if pending is None:
-                first = [self.params[members[0]] for members in self._buckets(f)]
-                summed = [torch.zeros(sum(self.params[i].numel() for i in members), device=p.device,
-                                      dtype=self.pseudo_gradient_dtype or p.dtype)
-                          for members, p in zip(self._buckets(f), first)]
-                slots.append({"apply_at": -1, "summed": summed,
-                              "own": [t.clone() for t in summed] if self.eager else None})
-            else:
-                slots.append({"apply_at": pending.apply_at, "summed": [summed.clone() for _, summed in pending.buffers],
-                              "own": None if pending.own is None else [t.clone() for t in pending.own]})
-        return {"inner": optimizer_layout(self.inner), "outer": [optimizer_layout(o) for o in self.outer],
-                "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
-                "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
-                "eager": self.eager, "pending": slots, "traffic": self.traffic.state_dict(("all_reduce",)),
-                "gaps": [g.clone() for g in self.gaps]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
-        keys = {"inner", "outer", "synced", "local_step", "sync_every", "fragments", "overlap", "pending", "traffic"}
-        missing = keys - set(state)
-        if missing:
-            raise ValueError(f"DiLoCo.load_state_dict: the state lacks {sorted(missing)}")
-        for key, mine in (("sync_every", self.sync_every), ("fragments", len(self.fragments)),
-                          ("overlap", self.overlap), ("eager", self.eager)):
-            if state.get(key, False) != mine:  # a state saved before eager updates existed has no "eager"
-                raise ValueError(f"DiLoCo.load_state_dict: the state has {key}={state.get(key, False)!r}, this DiLoCo"
-                                 f" {key}={mine!r}; build it with the same {key}")
-        synced = state["synced"]
-        if len(synced) != len(self.synced) or any(s.shape != t.shape or s.dtype != t.dtype
-                                                  for s, t in zip(synced, self.synced)):
-            raise ValueError("DiLoCo.load_state_dict: the synced copy's shapes or dtypes differ from the"
-                             " parameters'; load a state saved for this model")
-        gaps = state.get("gaps", [])
-        if len(gaps) != len(self.gaps) or any(g.shape != s.shape for g, s in zip(gaps, self.gaps)):
-            raise ValueError(f"DiLoCo.load_state_dict: the state holds {len(gaps)} staleness gaps, this DiLoCo"
-                             f" {len(self.gaps)} (staleness_penalty={self.staleness_penalty}); build it with a"
-                             " staleness penalty exactly when the saved one had one")
-        # a slot per fragment (apply_at -1: none under way), or, saved before that layout, a list of the
-        # syncs under way, each naming its fragment
-        pending = [{"fragment": p.get("fragment", f), "apply_at": p["apply_at"],
-                    "summed": [t.clone() for t in p["summed"]],
-                    "own": None if p.get("own") is None else [t.clone() for t in p["own"]]}
-                   for f, p in enumerate(state["pending"]) if p["apply_at"] >= 0]
-        for p in pending:
-            sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
-            if any([t.numel() for t in buffers] != sizes for buffers in (p["summed"], p["own"] or p["summed"])):
-                raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
-                                 f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
-        # a state saved before the layout of gradwise.distributed.layout holds the optimizers' own state_dicts
-        layouts = [o if "started" in o else {"state_dict": o, "started": True}
-                   for o in (state["inner"], *state["outer"])]
-        load_optimizer_layout(self.inner, layouts[0])
-        for outer, saved in zip(self.outer, layouts[1:]):
-            load_optimizer_layout(outer, saved)
-        with torch.no_grad():
-            for s, saved in zip(self.synced + self.gaps, synced + gaps):
-                s.copy_(saved)
-        self.local_step = int(state["local_step"])
-        pending.sort(key=lambda p: (p["apply_at"], p["fragment"]))  # the queue's order: oldest first
-        self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
-                                [None] * len(p["summed"]), p["own"]) for p in pending]
-        self.traffic = Traffic.from_state_dict(state["traffic"])
-
     def __deepcopy__(self, memo: dict) -> "DiLoCo":
         """A copy with its own tensors and optimizers, on the same process group (a group is not copied);
         a sync under way is waited for first."""
@@ -384,6 +320,7 @@ class DiLoCo:
 
     def __repr__(self) -> str:
         dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
+        dtype += "" if self.codec is None else f", pseudo_gradient_codec={self.codec.tag!r}"
         fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
         overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
         overlap += ", eager=True" if self.eager else ""

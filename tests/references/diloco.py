@@ -22,9 +22,12 @@ import torch
 
 
 def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
-             fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0) -> list[list[torch.Tensor]]:
+             fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0,
+             codec=None) -> list[list[torch.Tensor]]:
     """Each worker's parameters after ``steps`` inner steps of DiLoCo (``backward(model, step, rank)`` fills
-    the gradients)."""
+    the gradients). ``codec`` (a ``gradwise.state`` codec): each worker's pseudo-gradient of a fragment (its
+    parameters flattened one after the other, as one buffer) encoded and decoded, the decoded values summed
+    in worker order, then divided by the workers."""
     world = len(models)
     params = [list(m.parameters()) for m in models]
     n = len(params[0])
@@ -39,7 +42,12 @@ def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer
         for f in range(fragments):
             if (step + f * sync_every // fragments) % sync_every == 0:
                 indices = range(f * n // fragments, (f + 1) * n // fragments)
-                means = {i: mean_pseudo_gradient(synced[i], [p[i] for p in params], dtype, comm_dtype) for i in indices}
+                if codec is None:
+                    means = {i: mean_pseudo_gradient(synced[i], [p[i] for p in params], dtype, comm_dtype)
+                             for i in indices}
+                else:
+                    means = decoded_mean(codec, [synced[i] for i in indices], [[p[i] for i in indices] for p in params])
+                    means = dict(zip(indices, means))
                 pending.append((step + overlap, f, means))
         with torch.no_grad():
             for _, _, averaged in [p for p in pending if p[0] == step]:
@@ -67,6 +75,21 @@ def mean_pseudo_gradient(synced, worker_params, dtype, comm_dtype) -> torch.Tens
         else:
             raise ValueError(f"a {comm_dtype} sum is simulated for two workers, not {len(deltas)}")
         return total.to(dtype) / len(worker_params)
+
+
+def decoded_mean(codec, synced, worker_params) -> list[torch.Tensor]:
+    """Per parameter, the mean over the workers of their flat pseudo-gradients encoded by ``codec`` and
+    decoded, summed in worker order."""
+    with torch.no_grad():
+        total = None
+        for params in worker_params:
+            flat = torch.cat([(s - p).reshape(-1) for s, p in zip(synced, params)])
+            parts = codec.empty(flat.shape, True, flat.device)
+            codec.encode(flat, parts, True, torch.zeros((), dtype=torch.int64))
+            decoded = codec.decode(parts, flat.shape, True, flat.dtype)
+            total = decoded if total is None else total + decoded
+        mean = total / len(worker_params)
+        return [m.view_as(s) for m, s in zip(mean.split([s.numel() for s in synced]), synced)]
 
 
 def simulate_stale(models, inners, backward, steps: int, sync_every: int, outer_lr: float, momentum: float,
