@@ -9,7 +9,9 @@ transformer) on ``--workers`` gloo ranks of the CPU, one thread each, each worke
   counted by a comm hook around torch's all-reduce hook (each bucket's ``numel x 4`` bytes);
 * ``DeMo s=64 k=K``: gradwise.DeMo (no DDP: its own all-gather of each block's top-k DCT components);
 * ``PowerSGD r=R``: torch's PowerSGD hook under DDP (``gradwise.distributed.powersgd``), two plain steps
-  first, then rank-R compression; its row is the compressed steps' bytes.
+  first, then rank-R compression; its row is the compressed steps' bytes;
+* ``DiLoCo H=N`` (``bf16``, ``int8``: the pseudo-gradients' dtype or codec): gradwise.DiLoCo over AdamW, a
+  sync every N steps; its row is the mean over the run's steps (a sync's bytes / N when N divides them).
 
 Per row: the bytes this worker sent in the last step (every row's steady state), the ratio of DDP
 AdamW's bytes to the row's, and the mean training loss of the last step over the workers (a sanity check
@@ -51,6 +53,12 @@ def _row(name: str, model: torch.nn.Module, lr: float):
         ddp, traffic = torch.nn.parallel.DistributedDataParallel(model), Traffic()
         ddp.register_comm_hook(traffic, _counted_allreduce)
         return ddp, torch.optim.AdamW(model.parameters(), lr=lr), lambda: sum(traffic.bytes_sent.values())
+    if name.startswith("DiLoCo"):
+        sync_every, *encoding = name.split("H=")[1].split()
+        options = {"bf16": {"pseudo_gradient_dtype": torch.bfloat16}, "int8": {"pseudo_gradient_codec": "int8"}}
+        diloco = gradwise.DiLoCo(torch.optim.AdamW(model.parameters(), lr=lr), sync_every=int(sync_every),
+                                 **(options[encoding[0]] if encoding else {}))
+        return model, diloco, lambda: diloco.comm_stats["bytes_sent"]
     if name.startswith("DeMo"):
         topk = int(name.split("k=")[1])
         demo = gradwise.DeMo(model.parameters(), lr=lr, chunk=64, topk=topk)
@@ -78,7 +86,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
             optimizer.step()
             optimizer.zero_grad()
             totals.append(sent())
-        last = totals[-1] - totals[-2]
+        last = totals[-1] / args.steps if name.startswith("DiLoCo") else totals[-1] - totals[-2]
         mean_loss = torch.tensor(loss.item())
         dist.all_reduce(mean_loss)
         results[name] = {"bytes": last, "loss": mean_loss.item() / world,
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':<18} {'bytes/step/worker':>18} {'DDP AdamW / row':>16} {'last loss':>10}")
     for name, row in results.items():
         ratio = f"{baseline / row['bytes']:.1f}x" if baseline and row["bytes"] else "-"
-        print(f"{name:<18} {row['bytes']:>18,} {ratio:>16} {row['loss']:>10.4f}")
+        print(f"{name:<18} {row['bytes']:>18,.0f} {ratio:>16} {row['loss']:>10.4f}")
     return 0
 
 

@@ -5,11 +5,12 @@ Sun et al. 2024, "CO2: Efficient Distributed Training with Full Communication-Co
 arrives one phase late: it was measured from the outer copy ``theta_prev`` the phase started from, and
 is applied at ``theta``, which the last outer step has moved since. CO2 penalizes it by that *staleness
 gap* and clips the outer update. The paper's summary at hand (shared/docs/LITERATURE.md) names both
-without their formulas; gradwise writes them as follows, the penalty in the form of Barkai et al.'s
-Gap-Aware (2020: element-wise, the gap in units of its mean size), the clipping as a norm clipping::
+without their formulas; gradwise writes them as follows, the penalty after Barkai et al.'s Gap-Aware
+(2020: element-wise, the gap in units of a typical step, here the tensor's mean), the clipping as a norm
+clipping::
 
     gap = theta - theta_prev                         (the last outer step, per parameter; 0 at first)
-    delta_tilde = delta_bar / (1 + lambda * |gap| / mean(|gap|))     (per tensor; delta_bar where gap = 0)
+    delta_tilde = delta_bar / (1 + lambda * |gap| / mean(|gap|))     (per tensor; unchanged if gap is 0)
     delta_tilde <- delta_tilde * min(1, c / ||delta_tilde||)          (over a fragment's parameters)
 
 then the outer optimizer's step on ``delta_tilde``. CO2 clips its outer momentum; gradwise's outer

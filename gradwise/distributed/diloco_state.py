@@ -21,13 +21,15 @@ from gradwise.distributed.layout import load_optimizer_layout, optimizer_layout
 @dataclass
 class Pending:
     """A fragment's sync under way: the summed pseudo-gradients (one buffer per device and dtype, each
-    with its parameter indices) and the all-reduces filling them, applied after inner step ``apply_at``."""
+    with its parameter indices; with a codec, every worker's encoded bytes, in rank order) and the
+    collectives filling them, applied after inner step ``apply_at``."""
 
     fragment: int
     apply_at: int
-    buffers: list[tuple[list[int], Tensor]]
+    buffers: list[tuple[list[int], Tensor | list[Tensor]]]
     works: list[Any]
-    #: eager updates: this worker's own pseudo-gradient in each buffer, as it was sent (before the sum)
+    #: eager updates: this worker's own pseudo-gradient in each buffer, as it was sent (before the sum;
+    #: with a codec, decoded)
     own: list[Tensor] | None = None
 
     def wait(self) -> None:
