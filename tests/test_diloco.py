@@ -522,3 +522,23 @@ def test_a_fresh_state_dict_has_the_layout_of_a_trained_one_and_loads_as_fresh(k
         _train(diloco, model, _backward, range(4), 0)
     _assert_equal("fresh vs loaded from a fresh state", models[1], models[2])
     _assert_equal("fresh vs trained", models[1], models[0])
+
+
+def test_a_state_saved_in_the_layout_before_dcp_still_resumes_bit_identically():
+    """The layout ``state_dict`` had before it was made DCP-friendly: the optimizers' own state dicts, a list
+    of the syncs under way each naming its fragment, no staleness gaps."""
+    model, resumed_model = _mlp(), _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, overlap=2, fragments=2)
+    _train(diloco, model, _backward, range(5), 0)
+    state = copy.deepcopy(diloco.state_dict())
+    assert any(slot["apply_at"] >= 0 for slot in state["pending"])
+    old = {**{k: v for k, v in state.items() if k != "gaps"}, "inner": state["inner"]["state_dict"],
+           "outer": [o["state_dict"] for o in state["outer"]],
+           "pending": [{"fragment": f, "apply_at": slot["apply_at"], "summed": slot["summed"], "own": None}
+                       for f, slot in enumerate(state["pending"]) if slot["apply_at"] >= 0]}
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = gradwise.DiLoCo(_adamw(resumed_model.parameters()), sync_every=3, overlap=2, fragments=2)
+    resumed.load_state_dict(old)
+    for d, m in ((diloco, model), (resumed, resumed_model)):
+        _train(d, m, _backward, range(5, 12), 0)
+    _assert_equal("resumed from the old layout vs uninterrupted", resumed_model, model)
