@@ -125,7 +125,16 @@ def measure(claim: Claim, studies: list[dict[str, Any]], workloads: tuple[str, .
             per_w[w].append(v)
     result.per_workload = {w: float(median(v)) for w, v in per_w.items() if v}
     result.verdict, result.note = verdict(claim, result.figures, hits)
+    if claim.quantity == "time" and any(_contended(r) for k, records in index.items()
+                                        if k[:2] in ((claim.ruleset, claim.subject), (claim.ruleset, claim.reference))
+                                        for r in records):
+        result.note += "; times contended: the load average exceeded the CPUs"
     return result
+
+
+def _contended(record: dict) -> bool:
+    cpus = record["machine"]["cpus"] or 1
+    return max(record["machine"]["loadavg"][0], record["loadavg_end"][0]) > cpus
 
 
 def verdict(claim: Claim, figures: list[float], hits: dict[str, bool]) -> tuple[str, str]:

@@ -21,7 +21,7 @@ def add_claims_parser(commands, positive, formatter) -> None:
     claims.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads")
     claims.add_argument("--studies", type=positive(int), default=2, help="studies per entry and workload (the"
                         " spread is over them)")
-    claims.add_argument("--trials", type=positive(int), default=3, help="Halton trials per external study")
+    claims.add_argument("--trials", type=positive(int), default=2, help="Halton trials per external study")
     claims.add_argument("--time-limit", action="store_true", help="also stop trials at the time budget (default:"
                         " the target or the step budget only, so steps do not depend on the machine's load)")
     claims.add_argument("--budget-scale", type=positive(float), default=1.0, help="multiply every step and time"
