@@ -67,6 +67,8 @@ def test_steps_when_both_miss_and_claims_without_studies_are_inconclusive(store)
     m = measure(BY_KEY["lion-speed"], studies, WORKLOADS)
     assert m.figures == [1.0, 1.0]  # both miss: budget + 1 on each side
     assert m.verdict == INCONCLUSIVE and "missed every target" in m.note
+    timed = measure(dataclasses.replace(BY_KEY["lion-speed"], quantity="time"), studies, WORKLOADS)
+    assert timed.figures == [1.0, 1.0] and timed.verdict == INCONCLUSIVE  # both miss: the same cap on each side
     shampoo = measure(BY_KEY["shampoo-external"], studies, WORKLOADS)
     assert shampoo.verdict == INCONCLUSIVE and not shampoo.figures and "no study complete" in shampoo.note
 

@@ -10,7 +10,8 @@ Quantities (``claims_measure`` computes one figure per study index, then the med
 
 - ``steps``: geometric-mean speedup in steps to target of the subject over the reference, ``gmean_w(s_ref /
   s_sub)``, a miss counting as the step budget + 1 (AlgoPerf's ``compute_speedups.py`` rule, on steps);
-- ``time``: the same on training seconds to target, a miss counting as the workload's time budget + 1 s;
+- ``time``: the same on training seconds to target, a miss counting as the time budget + 1 s (without a time
+  limit: the longest training time of the compared trials, at least the workload's budget, + 1 s);
 - ``state``: the ratio of optimizer state bytes, subject over reference (geometric mean over workloads);
 - ``quality``: the validation quality of the subject over the reference's at the last evaluation step both
   trials reached (accuracy over accuracy; for a loss, the reference's loss over the subject's), geometric mean

@@ -57,12 +57,14 @@ def _fastest(records: list[dict], key: str) -> float:
     return min((float(r[key]) for r in records if r["reached"]), default=math.inf)
 
 
-def _time_budget(record: dict) -> float:
-    """The trial's time budget; without one (``--no-time-limit``) the workload's, as its ruleset scales it."""
-    if math.isfinite(record["max_runtime"]):
-        return float(record["max_runtime"])
-    scale = SELF_TUNING_BUDGET if record["ruleset"] == "self" else 1.0
-    return get_workload(record["workload"]).max_runtime * scale
+def _time_budget(records: list[dict]) -> float:
+    """The time a miss counts as (less 1 s): the trials' time budget; without one (``--no-time-limit``) the
+    longest training time of ``records`` (a miss ran its whole step budget), at least the workload's nominal
+    budget, so a miss never counts as faster than a hit of the same comparison."""
+    if math.isfinite(records[0]["max_runtime"]):
+        return float(records[0]["max_runtime"])
+    scale = SELF_TUNING_BUDGET if records[0]["ruleset"] == "self" else 1.0
+    return max(get_workload(records[0]["workload"]).max_runtime * scale, *(r["train_time"] for r in records))
 
 
 def _quality(sub: dict, ref: dict) -> float:
@@ -93,7 +95,7 @@ def _per_workload(claim: Claim, sub: list[dict], ref: list[dict]) -> float:
                             float(ref[0]["max_steps"]) + 1)
     if claim.quantity == "time":
         return ref_over_sub(_fastest(ref, "time_to_target"), _fastest(sub, "time_to_target"),
-                            _time_budget(ref[0]) + 1)
+                            _time_budget(sub + ref) + 1)
     if claim.quantity == "state":
         return sub[0]["state_bytes"] / ref[0]["state_bytes"] if ref[0]["state_bytes"] else math.nan
     best = max(sub, key=lambda r: (r["reached"], -(r["steps_to_target"] or math.inf)))

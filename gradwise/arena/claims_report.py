@@ -109,9 +109,10 @@ def plot_claims(measured: list[Measured], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     looks_ = looks(m.claim.subject for m in measured)
-    fig, ax = plt.subplots(figsize=(10, 0.4 * len(measured) + 1.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(12, 0.4 * len(measured) + 1.2), layout="constrained")
     clip = (1e-2, 1e2)
     for y, m in enumerate(measured):
         color = looks_[m.claim.subject].color
@@ -121,10 +122,17 @@ def plot_claims(measured: list[Measured], path: Path) -> None:
             ax.plot([lo, hi], [y, y], color=color, linewidth=3, solid_capstyle="butt")
             ax.plot([min(max(m.figure, clip[0]), clip[1])], [y], "o", color=color, markeredgecolor="black")
     ax.set_xscale("log")
+    shown = [v for m in measured for v in (*m.spread, m.claim.threshold) if math.isfinite(v)]
+    low, high = max(min(shown) / 1.5, clip[0]), min(max(shown) * 1.5, clip[1])
+    ax.set_xlim(low, high)
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks(range(len(measured)), [f"{i}. {m.claim.claim} [{m.verdict}]" for i, m in enumerate(measured, 1)],
                   fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("subject / reference (speedup, state ratio or quality ratio); black tick: the threshold")
+    ax.set_xlabel("subject / reference: speedup, state or quality ratio (dot: median, bar: min-max over studies;"
+                  " black: threshold)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=100)
     plt.close(fig)
