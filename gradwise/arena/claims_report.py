@@ -12,6 +12,7 @@ from typing import Any
 from gradwise.arena.claims import SUITE
 from gradwise.arena.claims_measure import HOLDS, Measured, claim_workloads, measure_all
 from gradwise.arena.styles import looks
+from gradwise.arena.suites import SUITES
 
 FIGURE = "claims.png"
 QUANTITY_TEXT = {"steps": "speedup in steps to target", "time": "speedup in training time to target",
@@ -65,6 +66,10 @@ def _scale(studies: list[dict[str, Any]], workloads: tuple[str, ...]) -> list[st
              f" {machine.get('threads', '?')} torch thread(s) per trial, torch {machine.get('torch', '?')};"
              f" 1-minute load average over the trials {_num(min(loads, default=math.nan))}-"
              f"{_num(max(loads, default=math.nan))}: training times are contended, steps and memory are not."]
+    left_out = [w for w in SUITES["full"]["workloads"] if w not in workloads]
+    if left_out:
+        lines.append(f"**Not the full suite**: {', '.join(left_out)} (of the full suite) were not run for this table,"
+                     " to finish on this machine; every verdict is at this smaller scale.")
     if pending:
         lines.append(f"**{pending} trial(s) not finished**: their claims are measured on the complete studies only.")
     return lines
@@ -131,8 +136,7 @@ def plot_claims(measured: list[Measured], path: Path) -> None:
     ax.set_yticks(range(len(measured)), [f"{i}. {m.claim.claim} [{m.verdict}]" for i, m in enumerate(measured, 1)],
                   fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("subject / reference: speedup, state or quality ratio (dot: median, bar: min-max over studies;"
-                  " black: threshold)", fontsize=9)
+    ax.set_xlabel("subject / reference (dot: median; bar: min-max over studies; black tick: threshold)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=100)
     plt.close(fig)
