@@ -2,7 +2,7 @@
 
     gradwise list                      every recipe: chain, state buffers, the hyperparameters it was built with
     gradwise bench step [--size ...]   optimizer step benchmark: a clone's bench/step.py (``--help`` lists its options)
-    gradwise arena run|score|report|set-targets|list   the AlgoPerf-style arena (``gradwise arena --help``)
+    gradwise arena run|score|report|claims|...  the AlgoPerf-style arena (``gradwise arena --help``)
     gradwise estimate [--size ...]     optimizer state bytes per format, group and in total, before allocation;
                                        with --world-size or --mesh, per rank under FSDP2, and bytes sent per step
 

@@ -26,13 +26,14 @@ def _positive(kind):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from gradwise.arena.cli_claims import add_claims_parser
     from gradwise.arena.suites import SUITES
     from gradwise.help_format import HelpFormatter
 
     suite_help = "; ".join(f"{name}: {len(s['workloads'])} workloads x {len(s['optimizers'])} optimizers x"
                            f" {s['studies']} studies" for name, s in SUITES.items())
     commands = parser.add_subparsers(dest="arena_command",
-                                     metavar="{run,score,report,set-targets,list,delete-study}",
+                                     metavar="{run,score,report,set-targets,list,delete-study,claims}",
                                      help="the arena command")
     run = commands.add_parser("run", help="run a suite (self-tuning) or a search space (external tuning)",
                               formatter_class=HelpFormatter)
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  " run that plans it prepares and runs it afresh", formatter_class=HelpFormatter)
     delete.add_argument("study", help="the study's name, e.g. quick/self/AdamW/digits_cnn/study0")
     delete.add_argument("--storage", default=DEFAULT_STORAGE, help="the store: SQLite file or SQLAlchemy URL")
+    add_claims_parser(commands, _positive, HelpFormatter)
 
 
 def _common(parser: argparse.ArgumentParser, suite: bool = True) -> None:
@@ -293,15 +295,22 @@ def cmd_delete_study(args) -> int:
     return 0
 
 
+def cmd_claims(args) -> int:
+    from gradwise.arena.cli_claims import cmd_claims as run_claims
+
+    return run_claims(args, open_store=_open, worker=_worker)
+
+
 COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targets": cmd_set_targets,
-            "list": cmd_list, "delete-study": cmd_delete_study}
+            "list": cmd_list, "delete-study": cmd_delete_study, "claims": cmd_claims}
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
     from gradwise.extras import require
 
     if args.arena_command is None:
-        parser.error("missing arena command: choose from run, score, report, set-targets, list, delete-study")
+        parser.error("missing arena command: choose from run, score, report, set-targets, list, delete-study,"
+                     " claims")
     command = f"gradwise arena {args.arena_command}"
     require(command, "arena")
     if getattr(args, "storage", "").startswith("postgres"):

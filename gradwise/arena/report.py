@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gradwise.arena.claims_report import claims_html, claims_section
 from gradwise.arena.figures import plot_bars, plot_curves, plot_memory, plot_profiles
 from gradwise.arena.leaderboard import collect, leaderboard
 from gradwise.arena.styles import Look, looks, settings
@@ -144,6 +145,8 @@ def write_report(studies: list[dict], out: Path, suite: str | None = None, refer
         body_html.append(f"<h2>{ruleset}-tuning ruleset</h2>{_paragraph(pending) if group['pending'] else ''}"
                          f"{_html(board, looks_, 1)}<h3>Submissions</h3>{_html(entered, looks_, 0, wrap=2)}"
                          f"<p>{html.escape(targets_line)}</p>{imgs}")
+    md += claims_section(studies)  # empty unless the store holds `gradwise arena claims` studies
+    body_html.append(claims_html(studies))
     (out / "report.md").write_text("\n".join(md))
     (out / "report.html").write_text(
         f"<!doctype html><meta charset='utf-8'><title>gradwise arena</title><style>{STYLE}</style>"
