@@ -127,3 +127,12 @@ def test_cli_refuses_bad_worker_and_link_settings(argv, text, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["arena", "run", *argv])
     assert exit_info.value.code == 2 and text in capsys.readouterr().err
+
+
+def test_list_shows_the_low_communication_entries(capsys):
+    from gradwise import cli
+
+    assert cli.main(["arena", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("DiLoCo[H=10]", "StreamingDiLoCo[H=10]", "PowerSGD[r=4]", "outer_lr=0.7"):
+        assert name in out

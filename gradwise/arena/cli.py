@@ -288,6 +288,7 @@ def _set_targets_command(args) -> str:
 
 
 def cmd_list(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from gradwise.arena.entries import entry_rows
@@ -298,11 +299,12 @@ def cmd_list(args) -> int:
         w = get_workload(name)
         print(f"{name}: {w.description}; target {w.metric} {'>=' if w.higher_is_better else '<='} {w.target:g},"
               f" {w.step_hint} steps / {w.max_runtime:g} s, batch {w.batch_size}, eval every {w.eval_every}")
-    table = Table(title="arena entries (--optimizers NAME or NAME[FORMAT]; --ruleset external tunes over the space)")
+    table = Table(title="arena entries (--optimizers NAME or NAME[FORMAT]; --ruleset external tunes over the space;"
+                        " the last four run on --workers-per-trial workers, any H or r)")
     for column in ("entry", "self-tuning point", "space", "variants [FORMAT]"):
         table.add_column(column, overflow="fold")
     for row in entry_rows():
-        table.add_row(row["name"], row["point"], row["space"], row["variants"])
+        table.add_row(*(escape(row[key]) for key in ("name", "point", "space", "variants")))  # PowerSGD[r=4]
     console().print(table)
     return 0
 
