@@ -25,6 +25,16 @@ def _positive(kind):
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a finite number >= 0")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gradwise.arena.cli_claims import add_claims_parser
     from gradwise.arena.suites import SUITES
@@ -61,7 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--workers", type=_positive(int), default=1, help="processes running trials at once")
     run.add_argument("--no-time-limit", action="store_true", help="stop trials at the target or the step budget"
                      " only, not the time budget (results then do not depend on the machine's load)")
-    run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial")
+    run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial (per worker)")
+    run.add_argument("--workers-per-trial", type=_positive(int), default=1,
+                     help="gloo workers per trial: recipes run data-parallel, DiLoCo[H=h], StreamingDiLoCo[H=h], DeMo"
+                          " and PowerSGD[r=r] as themselves; scored on measured + simulated link time")
+    run.add_argument("--link-bandwidth", type=_positive(float), default=1e9 / 8,
+                     help="the simulated link's bytes per second (default 1.25e8: 1 Gbit/s)")
+    run.add_argument("--link-latency", type=_non_negative, default=1e-4,
+                     help="the simulated link's seconds per collective")
     _common(run, suite=False)
     run.add_argument("--no-live", action="store_true", help="plain log lines instead of the live leaderboard")
     score = commands.add_parser("score", help="print the leaderboard from a store", formatter_class=HelpFormatter)
@@ -115,6 +132,7 @@ def _optimizers(text: str | None, default: list[str]) -> list[str]:
 
 
 def _plans(args):
+    from gradwise.arena.link import Link
     from gradwise.arena.rulesets import Entry, external_entry, plan, self_tuning_entry, submission_entry
     from gradwise.arena.submissions import load_search_space
     from gradwise.arena.suites import SUITES
@@ -162,7 +180,9 @@ def _plans(args):
         studies = args.studies or suite["studies"]
     return name, [p for e in entries for w in workloads
                   for p in plan(e, w, studies=studies, trials=args.trials, budget_scale=args.budget_scale,
-                                suite=name, time_limit=not args.no_time_limit, tuner=args.tuner)]
+                                suite=name, time_limit=not args.no_time_limit, tuner=args.tuner,
+                                workers_per_trial=args.workers_per_trial,
+                                link=Link(args.link_bandwidth, args.link_latency))]
 
 
 def _check_ruleset(args) -> None:
@@ -270,6 +290,7 @@ def _set_targets_command(args) -> str:
 
 
 def cmd_list(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from gradwise.arena.entries import entry_rows
@@ -280,11 +301,12 @@ def cmd_list(args) -> int:
         w = get_workload(name)
         print(f"{name}: {w.description}; target {w.metric} {'>=' if w.higher_is_better else '<='} {w.target:g},"
               f" {w.step_hint} steps / {w.max_runtime:g} s, batch {w.batch_size}, eval every {w.eval_every}")
-    table = Table(title="arena entries (--optimizers NAME or NAME[FORMAT]; --ruleset external tunes over the space)")
+    table = Table(title="arena entries (--optimizers NAME or NAME[FORMAT]; --ruleset external tunes over the space;"
+                        " the last four run on --workers-per-trial workers, any H or r)")
     for column in ("entry", "self-tuning point", "space", "variants [FORMAT]"):
         table.add_column(column, overflow="fold")
     for row in entry_rows():
-        table.add_row(row["name"], row["point"], row["space"], row["variants"])
+        table.add_row(*(escape(row[key]) for key in ("name", "point", "space", "variants")))  # PowerSGD[r=4]
     console().print(table)
     return 0
 

@@ -35,6 +35,10 @@ def leaderboard_tables(studies: list[dict], suite: str | None, reference: str) -
             table.add_row(str(rank), escape(shorts[row["submission"]]), f"{row['score']:.3f}", speed,
                           *[_cell(row["times"].get(w, math.inf), row["steps"].get(w, math.inf)) for w in workloads])
         caption = [escape(f"{shorts[n]}: {settings(specs[n])}") for n in sorted(group["times"]) if shorts[n] != n]
+        links = sorted({(specs[n]["workers_per_trial"], specs[n]["link_bandwidth"], specs[n]["link_latency"])
+                        for n in group["times"] if "workers_per_trial" in specs[n]})
+        caption += [escape(f"NAME@{n}: {n} gloo workers; time = measured + simulated link ({b:.3g} bytes/s,"
+                           f" {lat:g} s per collective)") for n, b, lat in links]
         if group["pending"]:
             caption.append(f"{group['pending']} trial(s) still to run; partial studies are not scored yet")
         table.caption = "\n".join(caption) or None

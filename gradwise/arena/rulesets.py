@@ -12,13 +12,18 @@
 An entry is an optimizer with hyperparameters or a space, or an AlgoPerf submission file (``submission_entry``):
 then its ``tuning_search_space.json`` makes it external, none self-tuning, and its trials run through
 ``algoperf_trial`` with ``step_hint`` = the workload's step hint times ``budget_scale``.
+
+``workers_per_trial=N`` (``--workers-per-trial``) runs each trial on N gloo workers (``multiworker``): a recipe
+data-parallel, or a low-communication entry (``low_comm``: DiLoCo, Streaming DiLoCo, DeMo, PowerSGD, which always
+run on workers). The submission is then named ``NAME@N`` and scored on the measured time plus the simulated
+``link``'s cost of its collectives (``gradwise.arena.link``).
 """
 from __future__ import annotations
 
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +31,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
+from gradwise.arena import low_comm
 from gradwise.arena.algoperf_submission import (
     algoperf_imports,
     batch_size,
@@ -37,6 +43,8 @@ from gradwise.arena.algoperf_submission import (
     submission_name,
 )
 from gradwise.arena.algoperf_trial import run_submission_trial
+from gradwise.arena.link import Link
+from gradwise.arena.multiworker import run_workers_trial
 from gradwise.arena.runner import run_trial
 from gradwise.arena.shipped_spaces import shipped_space
 from gradwise.arena.store import Claimed, Store
@@ -65,7 +73,10 @@ class Entry:
 
 
 def self_tuning_entry(optimizer: str) -> Entry:
-    """The entry at its self-tuning point (``submissions.SELF_TUNING``; a variant at its recipe's)."""
+    """The entry at its self-tuning point (``submissions.SELF_TUNING``; a variant at its recipe's; a
+    low-communication entry at ``low_comm.self_tuning_point``)."""
+    if low_comm.parse(optimizer) is not None:
+        return Entry(optimizer, optimizer, hyperparameters=low_comm.self_tuning_point(optimizer))
     return Entry(optimizer, optimizer, hyperparameters=self_tuning_point(optimizer))
 
 
@@ -121,12 +132,18 @@ def halton_points(space: dict[str, dict], n: int, seed: int) -> list[dict[str, A
 
 def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_scale: float = 1.0,
          suite: str = "custom", target: float | None = None, self_tuning_budget: bool = True,
-         time_limit: bool = True, tuner: str = "halton") -> list[StudyPlan]:
+         time_limit: bool = True, tuner: str = "halton", workers_per_trial: int = 1,
+         link: Link | None = None) -> list[StudyPlan]:
     """The studies one submission runs on one workload (``target`` overrides the workload's). Without
     ``time_limit`` a trial runs its whole step budget however long it takes (target setting: its results must
-    not depend on the machine's load). ``tuner`` other than ``halton`` needs an optimizer with a search space."""
+    not depend on the machine's load). ``tuner`` other than ``halton`` needs an optimizer with a search space.
+    ``workers_per_trial`` > 1, or a low-communication entry, runs each trial on that many gloo workers with the
+    simulated ``link`` (default ``Link()``: 1 Gbit/s)."""
     if studies < 1 or trials < 1:
         raise ValueError(f"invalid studies={studies!r}, trials={trials!r}: expected >= 1")
+    on_workers = workers_per_trial != 1 or low_comm.parse(entry.optimizer) is not None
+    if on_workers:
+        entry = _on_workers(entry, workers_per_trial, tuner)
     if check_tuner(tuner) != "halton" and (entry.space is None or entry.module is not None):
         raise ValueError(f"invalid tuner={tuner!r} for {entry.name!r}: a multi-fidelity tuner chooses among the"
                          " points of an optimizer's search space (external tuning); a self-tuning entry or an"
@@ -140,6 +157,10 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
     max_runtime = w.max_runtime * scale if time_limit else math.inf
     result = []
     for j in range(studies):
+        if entry.space is not None and on_workers:
+            raise ValueError(f"invalid entry {entry.name!r} with workers_per_trial={workers_per_trial}: a"
+                             " multi-worker trial runs a fixed point (self-tuning or --hyperparameters), not a"
+                             " search space")
         if entry.space is not None:
             check_search_space(None if entry.module else entry.optimizer, entry.space)
             if isinstance(entry.space, list):  # AlgoPerf's list form: the first `trials` points
@@ -147,7 +168,9 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
             else:
                 points, dists = halton_points(entry.space, trials, seed=j), distributions(entry.space)
         else:
-            if entry.module is None:
+            if low_comm.parse(entry.optimizer) is not None:
+                low_comm.check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
+            elif entry.module is None:
                 check_hyperparameters(entry.optimizer, entry.hyperparameters or {})
             points, dists = [dict(entry.hyperparameters or {})], {}
         spec = {"suite": suite, "ruleset": entry.ruleset, "submission": entry.name, "optimizer": entry.optimizer,
@@ -157,6 +180,10 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
         if entry.module is not None:  # a changed file is another submission: a resumed run refuses it
             spec.update(module=entry.module, sha256=file_sha256(entry.module),
                         step_hint=max(1, round(w.step_hint * budget_scale)))
+        if on_workers:  # a single-worker spec stays as it was, so older stores resume
+            link = link or Link()
+            spec.update(workers_per_trial=workers_per_trial, link_bandwidth=link.bandwidth,
+                        link_latency=link.latency)
         if tuner != "halton":  # halton's spec stays as it was, so stores made before tuners resume
             spec["tuner"] = tuner
         if tuner == "one-epoch":
@@ -186,7 +213,11 @@ def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
             budget = {"seed": claimed.seed, "target": p.spec["target"], "max_steps": p.spec["max_steps"],
                       "max_runtime": p.spec["max_runtime"], "threads": threads, "on_eval": on_eval}
             try:
-                if p.entry.module is not None:
+                if "workers_per_trial" in p.spec:
+                    record = run_workers_trial(
+                        p.workload, p.entry.optimizer, claimed.hyperparameters, workers=p.spec["workers_per_trial"],
+                        link=Link(p.spec["link_bandwidth"], p.spec["link_latency"]), **budget)
+                elif p.entry.module is not None:
                     point = claimed.hyperparameters if p.entry.space is not None else None  # self-tuning: None
                     record = run_submission_trial(w, p.entry.module, point, step_hint=p.spec["step_hint"], **budget)
                 else:
@@ -204,6 +235,18 @@ def work(store: Store, plans: list[StudyPlan], *, threads: int = 1,
             if on_trial is not None:
                 on_trial(p, claimed, record)
     return ran
+
+
+def _on_workers(entry: Entry, workers: int, tuner: str) -> Entry:
+    """``entry`` as a multi-worker submission, ``NAME@N`` (``NAME@N{point}``); checked first."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"invalid workers_per_trial={workers!r}: expected an int >= 1 (gloo workers per trial)")
+    if entry.module is not None or tuner != "halton":
+        what = "an AlgoPerf submission file" if entry.module is not None else f"tuner={tuner!r}"
+        raise ValueError(f"invalid workers_per_trial={workers} for {entry.name!r}: {what} runs in one process;"
+                         " multi-worker trials run an optimizer entry at a fixed point with tuner='halton'")
+    head, brace, point = entry.name.partition("{")  # a --hyperparameters entry: NAME@N{point}
+    return replace(entry, name=f"{head}@{workers}{brace}{point}")
 
 
 def _tuned(budget: dict[str, Any], store: Store, p: StudyPlan, claimed: Claimed, w: Workload) -> dict[str, Any]:

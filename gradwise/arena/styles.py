@@ -53,12 +53,18 @@ def _space(space: dict[str, dict] | list[dict[str, Any]]) -> str:
 
 
 def settings(spec: dict[str, Any]) -> str:
-    """A study spec's hyperparameters or search space, e.g. ``lr=0.1, momentum=0.9``."""
+    """A study spec's hyperparameters or search space, e.g. ``lr=0.1, momentum=0.9``; a multi-worker study's
+    end with its workers and simulated link (its times are measured + link)."""
     if spec.get("space") is not None:
-        return _space(spec["space"])
-    if spec.get("hyperparameters"):
-        return _point(spec["hyperparameters"])
-    return "the submission's own" if spec.get("module") else "the optimizer's defaults"
+        text = _space(spec["space"])
+    elif spec.get("hyperparameters"):
+        text = _point(spec["hyperparameters"])
+    else:
+        text = "the submission's own" if spec.get("module") else "the optimizer's defaults"
+    if "workers_per_trial" in spec:
+        text += (f"; on {spec['workers_per_trial']} gloo workers, time = measured + simulated link"
+                 f" ({spec['link_bandwidth']:.3g} bytes/s, {spec['link_latency']:g} s per collective)")
+    return text
 
 
 def short_names(names: Iterable[str]) -> dict[str, str]:

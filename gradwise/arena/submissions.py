@@ -211,6 +211,13 @@ def build_optimizer(name: str, hyperparameters: dict[str, Any], params, total_st
     if "num_iterations" in inspect.signature(optimizer_class(name).__init__).parameters and not budget & set(kwargs):
         kwargs["num_iterations"] = total_steps  # Ranger21 schedules itself over the trial's step budget
     optimizer = optimizer_class(name)(parameter_groups(name, kwargs, params), **kwargs)
+    return optimizer, lr_schedule(optimizer, hyperparameters, total_steps)
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, hyperparameters: dict[str, Any],
+                total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The arena's per-step LR schedule on ``optimizer``: linear warmup over ``warmup_factor * total_steps``
+    (default 0.05), then cosine decay to 0 at ``total_steps``; or a constant LR (``schedule="constant"``)."""
     warmup = max(1, int(hyperparameters.get("warmup_factor", 0.05) * total_steps))
     if hyperparameters.get("schedule", "warmup_cosine") == "constant":
         factor = lambda step: 1.0  # noqa: E731
@@ -220,7 +227,7 @@ def build_optimizer(name: str, hyperparameters: dict[str, Any], params, total_st
                 return (step + 1) / warmup
             progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
             return 0.5 * (1 + math.cos(math.pi * progress))
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[str, dict[str, dict]]:

@@ -2,7 +2,7 @@
 quality of each format is measured on the arena's workloads as any other entry is. A variant takes its recipe's
 self-tuning point and search space; only recipes that keep encoded state (``gradwise.recipes.takes_state()``)
 have variants, and only in the formats of ``FORMATS`` (``fp32`` is the recipe itself). Names are parsed and
-checked here alone.
+checked here alone; the low-communication entries' brackets (``DiLoCo[H=10]``) are ``low_comm``'s.
 """
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def check_entry(name: str, argument: str = "optimizer") -> str:
 
     if not isinstance(name, str):
         raise ValueError(f"invalid {argument}={name!r}: expected an optimizer name such as 'AdamW' or 'AdamW[int8]'")
+    from gradwise.arena import low_comm
+
+    if low_comm.parse(name, argument) is not None:  # DiLoCo[H=10], PowerSGD[r=4], DeMo: multi-worker entries
+        return low_comm.canonical(name)
     recipe, state = split_variant(name)
     if state is None and ("[" in name or "]" in name):
         raise ValueError(f"invalid {argument}={name!r}: a variant is RECIPE[FORMAT], e.g. 'AdamW[int8]', with FORMAT"

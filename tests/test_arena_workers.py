@@ -1,0 +1,138 @@
+"""Multi-worker arena trials: one real 2-worker data-parallel AdamW trial end to end (store, plan, gloo
+ranks), its record's bytes, steps and simulated-link time checked against hand-computed figures, and its
+trained model against one process stepping on the two workers' batches together; then the entries' names,
+the link model and the refusals, without spawning."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from gradwise.arena import low_comm
+from gradwise.arena.link import Link, wire_factor
+from gradwise.arena.multiworker import shard
+from gradwise.arena.rulesets import external_entry, plan, self_tuning_entry, work
+from gradwise.arena.store import Store
+from gradwise.arena.submissions import SELF_TUNING, build_optimizer
+from gradwise.arena.variants import check_entry
+from gradwise.arena.workloads import get_workload
+
+STEPS = 8
+WORKLOAD = "lstsq_ill_conditioned"  # one parameter: a 1 x 100 float32 weight, 400 bytes
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """One study of AdamW on 2 gloo workers for STEPS steps (the one spawn of this module)."""
+    w = get_workload(WORKLOAD)
+    link = Link(bandwidth=1e6, latency=1e-3)
+    plans = plan(self_tuning_entry("AdamW"), WORKLOAD, studies=1, budget_scale=STEPS / (1.5 * w.step_hint),
+                 target=1e-9, workers_per_trial=2, link=link)
+    store = Store(str(tmp_path_factory.mktemp("workers") / "arena.db"))
+    points = []
+    assert work(store, plans, on_eval=points.append) == 1
+    (study,) = store.studies()
+    return plans[0], study, points
+
+
+def test_record_holds_bytes_steps_and_the_simulated_link_time(two_workers):
+    p, study, points = two_workers
+    assert p.name == f"custom/self/AdamW@2/{WORKLOAD}/study0" and study["spec"]["workers_per_trial"] == 2
+    (record,) = study["records"]
+    assert record["workers"] == 2 and record["steps"] == STEPS and not record["reached"]
+    # DDP all-reduces the one 100-float gradient each step: 400 bytes, one collective
+    assert record["bytes_sent"] == STEPS * 400 and record["bytes_per_step"] == 400
+    assert record["collectives"] == STEPS and record["traffic"]["all_reduce_bytes"] == STEPS * 400
+    assert record["wire_bytes"] == STEPS * 400  # a ring of 2 sends 2 (2 - 1) / 2 = 1 x the payload
+    link_time = STEPS * 1e-3 + STEPS * 400 / 1e6
+    assert record["link_time"] == pytest.approx(link_time, rel=1e-12)
+    assert record["train_time"] == pytest.approx(record["measured_time"] + link_time, rel=1e-12)
+    assert 0 < record["measured_time"] < record["train_time"]
+    assert [pt["step"] for pt in record["curve"]] == [STEPS] and points == record["curve"]  # on_eval crossed over
+
+
+def test_two_workers_train_as_one_process_on_both_batches(two_workers):
+    """Data parallel on batches r, r + 2, ...: the same model as one process on each pair of batches at once."""
+    _, study, _ = two_workers
+    w = get_workload(WORKLOAD)
+    model = w.init_model(0)
+    opt, schedule = build_optimizer("AdamW", SELF_TUNING["AdamW"], model.parameters(), STEPS)
+    batches = w.batches(w.batch_size, 0)
+    for _ in range(STEPS):
+        (x0, y0), (x1, y1) = next(batches), next(batches)
+        loss = w.loss(model(torch.cat([x0, x1])), torch.cat([y0, y1]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    assert study["records"][0]["final_metric"] == pytest.approx(w.evaluate(model)["mse"], rel=1e-5)
+
+
+def test_shard_takes_every_nth_batch():
+    assert [list(itertools.islice(shard(iter(range(100)), r, 3), 4)) for r in range(3)] == \
+        [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+
+
+def test_link_model():
+    assert [wire_factor("all_reduce", n) for n in (1, 2, 4)] == [0, 1, 1.5]
+    assert wire_factor("all_gather", 4) == 3 and wire_factor("all_to_all", 4) == 1
+    from gradwise.core.collectives import Traffic
+
+    traffic = Traffic()
+    traffic.record("all_reduce", 1000)
+    traffic.record("all_gather", 10)
+    assert Link(100.0, 0.5).seconds(traffic, 4) == pytest.approx(2 * 0.5 + (1500 + 30) / 100)
+    for bad in ({"bandwidth": 0}, {"latency": -1}, {"bandwidth": math.inf}):
+        with pytest.raises(ValueError, match="link " + next(iter(bad))):
+            Link(**bad)
+
+
+def test_entry_names_and_points():
+    assert check_entry("diloco[h=10]") == "DiLoCo[H=10]" and check_entry("demo") == "DeMo"
+    assert check_entry("PowerSGD[r=4]") == "PowerSGD[r=4]" and check_entry("AdamW[int8]") == "AdamW[int8]"
+    for bad in ("DiLoCo", "DiLoCo[r=4]", "DiLoCo[H=0]", "DeMo[H=3]"):
+        with pytest.raises(ValueError, match=r"invalid --optimizers=.*spelled"):
+            check_entry(bad, argument="--optimizers")
+    point = low_comm.self_tuning_point("DiLoCo[H=50]")
+    assert (point["sync_every"], point["outer_lr"], point["outer_momentum"]) == (50, 0.7, 0.9)
+    assert low_comm.self_tuning_point("DeMo")["momentum"] == 0.999
+    with pytest.raises(ValueError, match="sync_every=20 .* enter DiLoCo\\[H=20\\]"):
+        low_comm.check_hyperparameters("DiLoCo[H=10]", {**point, "sync_every": 20})
+    with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['rank'\] for 'DeMo'"):
+        low_comm.check_hyperparameters("DeMo", {"rank": 4})
+
+
+def test_plan_names_workers_and_refuses_what_runs_in_one_process():
+    (p,) = plan(self_tuning_entry("DeMo"), WORKLOAD, studies=1, workers_per_trial=4)
+    assert p.entry.name == "DeMo@4" and p.spec["link_bandwidth"] == 1.25e8
+    assert "workers_per_trial" not in plan(self_tuning_entry("AdamW"), WORKLOAD, studies=1)[0].spec
+    with pytest.raises(ValueError, match="invalid workers_per_trial=0"):
+        plan(self_tuning_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=0)
+    with pytest.raises(ValueError, match="a fixed point"):
+        plan(external_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=2)
+    with pytest.raises(ValueError, match="tuner='hyperband' runs in one process"):
+        plan(external_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=2, tuner="hyperband")
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--workers-per-trial", "0"], "argument --workers-per-trial: invalid value '0': expected a number > 0"),
+    (["--link-bandwidth", "0"], "argument --link-bandwidth: invalid value '0': expected a number > 0"),
+    (["--link-latency", "-1"], "argument --link-latency: invalid value '-1': expected a finite number >= 0"),
+])
+def test_cli_refuses_bad_worker_and_link_settings(argv, text, capsys):
+    from gradwise import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["arena", "run", *argv])
+    assert exit_info.value.code == 2 and text in capsys.readouterr().err
+
+
+def test_list_shows_the_low_communication_entries(capsys):
+    from gradwise import cli
+
+    assert cli.main(["arena", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("DiLoCo[H=10]", "StreamingDiLoCo[H=10]", "PowerSGD[r=4]", "outer_lr=0.7"):
+        assert name in out
