@@ -56,4 +56,3 @@ class BF16(Codec):
 
     def encode_run(self, x, parts, signed, seed, start):
         parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, start))
-        return {}

@@ -75,11 +75,9 @@ class Codec:
         """A run's values from its ``run_parts``, a block a row."""
         raise NotImplementedError
 
-    def encode_run(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, start: Tensor
-                   ) -> dict[str, Tensor]:
+    def encode_run(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, start: Tensor) -> None:
         """Store a run (``x``: a block a row; ``start``: its first element's flat index, 0-d) into its
-        ``run_parts``, except the parts it returns (``{part: value}``, one value a row: a block's scale),
-        which the caller writes into their ``run_parts`` after the compiled step (``gradwise.state.runs``)."""
+        ``run_parts``."""
         raise NotImplementedError
 
     def nbytes(self, shape: torch.Size, signed: bool) -> int:

@@ -22,7 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
-from gradwise.state.runs import cut_runs, plan_runs, step_run, write_left
+from gradwise.state.runs import cut_runs, plan_runs, step_run
 from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
@@ -120,12 +120,8 @@ class EncodedState:
             runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
             if runs is not None:
                 for run in cut_runs(runs, specs, p, inputs[i], plain, parts, param_seed, output):
-                    stepped: list = []
                     compiled = self._step(self._compiled_runs, step_run, phase, (specs, *run, seeds, values, layout_,
-                                          static), compiled, run[0].numel() < 2, fall_back, stepped)
-                    reduced, left = stepped[0]
-                    write_left(run[3], left)
-                    parts_out.append(reduced)
+                                          static), compiled, run[0].numel() < 2, fall_back, parts_out)
                 continue
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step

@@ -34,13 +34,13 @@ from gradwise.core.hyper import choice
 from gradwise.state.codec import Codec, alias, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
+    decode_block_rows,
     decode_blocks,
     decode_rank1,
+    encode_block_rows,
     encode_blocks,
     encode_rank1,
-    finite_absmax,
     pack4,
-    to_codes,
     unpack4,
 )
 from gradwise.state.shards import (
@@ -169,25 +169,20 @@ class Quantized(Codec):
         return None if self.layout(shape, signed)[0] or odd else self.block_size
 
     def run_parts(self, parts, start, stop, rows):
-        """Codes ``rows x bytes per row`` and scales ``rows x 1``: every tensor of a run's step is indexed by
-        (row, column), so that inductor fuses its loops over the rows (``gradwise.state.runs``)."""
         bytes_per_row = ((stop - start) * self.bits + 7) // 8 // rows
         return {"codes": alias(parts["codes"], start * self.bits // 8, (rows, bytes_per_row)),
-                "absmax": alias(parts["absmax"], start // self.block_size, (rows, 1))}
+                "absmax": alias(parts["absmax"], start // self.block_size, (rows,))}
 
     def decode_run(self, parts, signed, dtype):
-        codes, rows = parts["codes"], parts["absmax"].shape[0]
+        codes, rows = parts["codes"], parts["absmax"].numel()
         if self.bits == 4:
             codes = unpack4(codes.view(-1)).view(rows, -1)
-        return (self.maps[signed].value(codes) * parts["absmax"]).to(dtype)
+        return decode_block_rows(codes, parts["absmax"], self.maps[signed], codes.shape[1]).to(dtype)
 
     def encode_run(self, x, parts, signed, seed, start):
         stochastic = self.layout(x.shape, signed)[2]
-        rows = x.float()
-        scale = finite_absmax(rows, 1)
-        codes = to_codes(rows, scale, self.maps[signed], signed, seed if stochastic else None, start=start)
-        parts["codes"].copy_(pack4(codes).view(parts["codes"].shape) if self.bits == 4 else codes)
-        return {"absmax": scale}
+        encode_block_rows(x.float(), self.maps[signed], signed, seed if stochastic else None, start,
+                          parts["codes"].view(-1), parts["absmax"], self.bits)
 
 
 class Int8(Quantized):

@@ -71,27 +71,15 @@ def cut_runs(runs, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tenso
 
 def step_run(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
              parts: Mapping[str, Mapping[str, Tensor]], start: Tensor, rounding: Tensor | None, output: Tensor | None,
-             seeds: Tensor, values: Tensor, layout, static) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+             seeds: Tensor, values: Tensor, layout, static) -> dict[str, Tensor]:
     """``fused.coded_step`` on one run (``cut_runs``); ``start``: the run's first element's flat
-    index (0-d), which stochastic rounding's random bits depend on. Returns the reductions' parts and,
-    per buffer, the parts that ``Codec.encode_run`` left to write (``write_left``)."""
+    index (0-d), which stochastic rounding's random bits depend on."""
     state = dict(plain)
     for buffer, codec, signed in specs:
         state[buffer] = codec.decode_run(parts[buffer], signed, state_dtype(param))
     reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static,
                         rounding, None if output is None else [output])
-    left = {}
     for i, (buffer, codec, signed) in enumerate(specs):
         if buffer in phase.writes:
-            left[buffer] = codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
-    return reduced, left
-
-
-def write_left(parts: Mapping[str, Mapping[str, Tensor]], left: Mapping[str, Mapping[str, Tensor]]) -> None:
-    """Copy the block scales that ``step_run`` returned into the run's parts. Written inside the compiled
-    step, a ``rows x 1`` copy is a loop of its own over the rows, vectorized across them, which keeps
-    inductor from fusing the run's other loops into one loop over the rows (each row: decode, update,
-    the block's maximum, encode) and makes it write float32 copies of the state instead."""
-    for buffer, written in left.items():
-        for part, value in written.items():
-            parts[buffer][part].copy_(value)
+            codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
+    return reduced
