@@ -142,6 +142,21 @@ def test_bf16_stochastic_rounding_is_unbiased_and_reproducible():
     assert not torch.equal(again["value"], parts["value"]), "another seed must give other rounding"
 
 
+def test_bf16_keeps_every_nan_and_inf_whatever_its_bits():
+    """Noise added to the bits of a NaN can carry out of its mantissa (0x7FFFFFFF wraps to -0.0) or clear
+    it (a payload in the low 16 bits leaves inf): non-finite values must be converted, not rounded."""
+    bits = torch.tensor([0x7F800001, 0x7FBFFFFF, 0x7FFFFFFF, -1, -0x7FFFFF, 0x7F800000, -0x800000, 0x7F7FFFFF],
+                        dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32).repeat(64)
+    codec, parts = BF16(), BF16().empty(x.shape, True, x.device)
+    codec.encode(x, parts, True, SEED)
+    y = codec.decode(parts, x.shape, True, torch.float32).view(64, -1)
+    assert y[:, :5].isnan().all()
+    assert (y[:, 5] == float("inf")).all() and (y[:, 6] == -float("inf")).all()
+    largest = torch.finfo(torch.bfloat16).max  # float32's largest rounds to it or, past half its ulp, to inf
+    assert set(y[:, 7].tolist()) <= {largest, float("inf")}
+
+
 def test_stochastic_integer_rounding_is_unbiased():
     codec = Int4()  # first moments: stochastic rounding
     x = torch.full((128 * 200,), 0.2)

@@ -27,7 +27,9 @@ def round_to_bf16_stochastically(x: Tensor, seed: Tensor, start: int = 0) -> Ten
     index = (torch.arange(x.numel(), device=x.device, dtype=torch.int32) + start).view(x.shape)
     noise = hash32(index, seed) & 0xFFFF
     rounded = ((bits + noise) & ~0xFFFF).view(torch.float32)
-    return torch.where(torch.isfinite(x) & torch.isfinite(rounded), rounded, x).to(torch.bfloat16)
+    # |y| < inf is isfinite(y) (NaN compares false) in one comparison, where compiled isfinite makes two
+    finite = (x.abs() < float("inf")) & (rounded.abs() < float("inf"))
+    return torch.where(finite, rounded, x).to(torch.bfloat16)
 
 
 class BF16(Codec):
