@@ -76,11 +76,8 @@ class PhasedStep(ShardedStep):
         phase has not run are put back, so a compile failure (graphs compile on copies first) changes
         nothing. An exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier buckets
         stepped and this bucket's parameters and param-shaped state in part (README)."""
-        plans = _after_guards({id(g): self._plan(g, any(sharding(p) is not None for p in params))
-                               for g, params in work if params})
-        _check_rounds(plans.values())
-        refusing = [t for phases in plans.values() if not any(_guards(ph) for ph in phases)
-                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
+        plans, refusing = self._rounds({id(g): self._plan(g, any(sharding(p) is not None for p in params))
+                                        for g, params in work if params})
         buckets: list[Bucket] = []
         try:
             for group, params in work:
@@ -107,6 +104,20 @@ class PhasedStep(ShardedStep):
             _roll_back(self, [b for b in buckets if not b.done])
             raise
         return True
+
+    def _rounds(self, plans: dict[int, tuple[Phase, ...]]) -> tuple[dict[int, tuple[Phase, ...]], list]:
+        """The plans as their rounds run them (``_after_guards``, checked by ``_check_rounds``) and the links that
+        refuse non-finite values in chains no guard skips, kept for the last step's plans (they seldom change)."""
+        key = tuple(plans.items())
+        kept = self.__dict__.get("_rounds_of")
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
+        rounds = _after_guards(plans)
+        _check_rounds(rounds.values())
+        refusing = [t for phases in rounds.values() if not any(_guards(ph) for ph in phases)
+                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
+        self._rounds_of = (key, rounds, refusing)
+        return rounds, refusing
 
     def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor],
                  slot: int = 0) -> list[Bucket]:
@@ -136,7 +147,9 @@ class PhasedStep(ShardedStep):
                     self.state.pop(p, None)
             raise
         lists.add_(steps, 1)  # one foreach kernel (torch.optim's), not a call per counter
-        constants = self.__dict__.setdefault("_constants", ConstantBuffers())
+        constants = self.__dict__.get("_constants")
+        if constants is None:  # (not ``setdefault``: that would build, and drop, one every step)
+            constants = self._constants = ConstantBuffers()
         out = []
         for ordinal, (step, members) in enumerate(by_step.items()):
             scalars = scalars_of[step]
