@@ -83,6 +83,24 @@ def test_a_loaded_checkpoint_is_checked_at_the_next_step():
     _refused_changes_nothing(opt, params, ValueError, r"lr=-1\.0")
 
 
+def test_state_of_a_wrong_shape_is_refused_with_the_expected_shapes_kept():
+    opt, params = _stepped()
+    opt.step()  # the groups' expected state shapes are kept from here on
+    opt.state[params[1]]["adam.exp_avg"] = torch.zeros(2, 3)
+    _refused_changes_nothing(opt, params, ValueError,
+                             r"state .adam.exp_avg. of shape \(2, 3\); expected shape \(3, 2\)")
+
+
+def test_a_parameter_of_a_new_shape_gets_its_own_expected_state():
+    opt, params = _stepped()
+    opt.step()
+    with torch.no_grad():
+        params[1].data = torch.zeros(4, 2)
+    params[1].grad = torch.ones(4, 2)
+    _refused_changes_nothing(opt, params, ValueError,
+                             r"state .adam.exp_avg. of shape \(3, 2\); expected shape \(4, 2\)")
+
+
 def _adamw_by_tensor(params, grads, states, lr, betas, eps, wd, step, amsgrad, maximize):
     """The eager AdamW step as one op per tensor, in torch.optim.AdamW's order (its for-loop path, which
     ``transforms/adam.py`` follows): the reference the foreach kernels must match bit for bit. A bfloat16

@@ -38,7 +38,7 @@ from gradwise.core.transform import Transform, chain
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
 _REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups", "_constants", "_chains", "_keys_of",
-            "_hooks_of", "_expected_state")
+            "_hooks_of", "_expected_state", "_group_specs", "_rounds_of")
 
 
 class Optimizer(PhasedStep, torch.optim.Optimizer):

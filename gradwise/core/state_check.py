@@ -93,15 +93,17 @@ def check_step(optimizer) -> None:
     A step of a small model spends most of its time here and in the engine's Python, so the loop over
     parameters does the least each needs: one test of the gradient's layout (the error comes from
     ``_refuse_gradient``), and the state's shapes against the expected ones of the parameter's shape
-    and dtype, looked up once per group and layout."""
+    and dtype, looked up once per group and layout and kept between steps while the group is unchanged."""
     last = optimizer.__dict__.get("_checked_groups", ())
     checked = [check_hyperparameters(optimizer, group, last[index] if index < len(last) else None)
                for index, group in enumerate(optimizer.param_groups)]
     states = optimizer.state
     chain_of = getattr(optimizer, "chain_of", optimizer.transform.for_group)
+    kept_specs = optimizer.__dict__.get("_group_specs", {})
+    specs = {}
     for index, group in enumerate(optimizer.param_groups):
         resolved = None
-        expected_of: dict[tuple, Spec] = {}  # (shape, dtype) -> this group's expected state
+        expected_of: dict[tuple, Spec] | None = None  # (shape, dtype) -> this group's expected state
         for p in group["params"]:
             g = p.grad
             if g is None:
@@ -109,9 +111,11 @@ def check_step(optimizer) -> None:
             shape, dtype = p.shape, p.dtype
             if g.is_sparse or g.shape != shape or g.dtype != dtype or g.device != p.device or isinstance(p, DTensor):
                 _refuse_gradient(group, p, g, index)
+            if expected_of is None:
+                expected_of = _expected_of(kept_specs, specs, index, checked[index], chain_of(group))
             expected = expected_of.get((shape, dtype))
             if expected is None:  # ``init`` on the meta device: it may refuse the parameter
-                resolved = resolved or (chain_of(group), shape_signature(optimizer, group))
+                resolved = resolved or (specs[index][1], shape_signature(optimizer, group))
                 expected = expected_of[shape, dtype] = expected_state(optimizer, p, group, resolved)
             own = states.get(p)
             if not own:
@@ -125,6 +129,18 @@ def check_step(optimizer) -> None:
             if step is not None and not (isinstance(step, Tensor) and step.numel() == 1):
                 raise TypeError(f"{param_label(group, p, index)} has state 'step'={step!r}; expected a 0-d tensor")
     optimizer._checked_groups = checked  # after every check passed: a refused group is checked again
+    optimizer._group_specs = specs
+
+
+def _expected_of(kept: Mapping[int, tuple], specs: dict[int, tuple], index: int, checked: tuple | None,
+                 transform) -> dict[tuple, Spec]:
+    """Group ``index``'s ``{(shape, dtype): expected state}``, recorded in ``specs``: the one of the last
+    step while the group holds the hyperparameters it held then (``checked``, what
+    ``check_hyperparameters`` returned, is then that step's object) and resolves to the same chain."""
+    last = kept.get(index)
+    same = last is not None and checked is not None and last[0] is checked and last[1] is transform
+    specs[index] = (checked, transform, last[2] if same else {})
+    return specs[index][2]
 
 
 def _refuse_gradient(group: Mapping[str, Any], p: Tensor, g: Tensor, index: int) -> None:

@@ -76,11 +76,8 @@ class PhasedStep(ShardedStep):
         phase has not run are put back, so a compile failure (graphs compile on copies first) changes
         nothing. An exception the chain raises once it has written (a bug, Ctrl-C) leaves earlier buckets
         stepped and this bucket's parameters and param-shaped state in part (README)."""
-        plans = _after_guards({id(g): self._plan(g, any(sharding(p) is not None for p in params))
-                               for g, params in work if params})
-        _check_rounds(plans.values())
-        refusing = [t for phases in plans.values() if not any(_guards(ph) for ph in phases)
-                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
+        plans, refusing = self._rounds({id(g): self._plan(g, any(sharding(p) is not None for p in params))
+                                        for g, params in work if params})
         buckets: list[Bucket] = []
         try:
             for group, params in work:
@@ -94,6 +91,10 @@ class PhasedStep(ShardedStep):
                     parts[b.sharding is not None] += self._run_phase(b, b.phases[r])
                 ops = {k: op for b in active if b.phases[r].reducer
                        for k, op in b.phases[r].reducer[1].reductions.items()}
+                if not ops:  # no statistic to total (one all-reduce per op, so none over ranks either)
+                    for b in active:
+                        b.done = b.phases[r].last
+                    continue
                 totals = self._totals(ops, parts[False], parts[True], over)
                 if refusing and totals and not bool(torch.stack(list(totals.values())).isfinite().all()):
                     refuse_nonfinite(self, work, refusing[0])  # raises: the handler below undoes the step
@@ -107,6 +108,20 @@ class PhasedStep(ShardedStep):
             _roll_back(self, [b for b in buckets if not b.done])
             raise
         return True
+
+    def _rounds(self, plans: dict[int, tuple[Phase, ...]]) -> tuple[dict[int, tuple[Phase, ...]], list]:
+        """The plans as their rounds run them (``_after_guards``, checked by ``_check_rounds``) and the links that
+        refuse non-finite values in chains no guard skips, kept for the last step's plans (they seldom change)."""
+        key = tuple(plans.items())
+        kept = self.__dict__.get("_rounds_of")
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
+        rounds = _after_guards(plans)
+        _check_rounds(rounds.values())
+        refusing = [t for phases in rounds.values() if not any(_guards(ph) for ph in phases)
+                    for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
+        self._rounds_of = (key, rounds, refusing)
+        return rounds, refusing
 
     def _prepare(self, group: dict[str, Any], phases: tuple[Phase, ...], params: list[Tensor],
                  slot: int = 0) -> list[Bucket]:
@@ -136,7 +151,9 @@ class PhasedStep(ShardedStep):
                     self.state.pop(p, None)
             raise
         lists.add_(steps, 1)  # one foreach kernel (torch.optim's), not a call per counter
-        constants = self.__dict__.setdefault("_constants", ConstantBuffers())
+        constants = self.__dict__.get("_constants")
+        if constants is None:  # (not ``setdefault``: that would build, and drop, one every step)
+            constants = self._constants = ConstantBuffers()
         out = []
         for ordinal, (step, members) in enumerate(by_step.items()):
             scalars = scalars_of[step]
@@ -212,7 +229,8 @@ class PhasedStep(ShardedStep):
                                        [states[i] for i in encoded], [self._position(bucket.key(i)) for i in encoded],
                                        values, layout, static, compiled=runner is not None, fall_back=self._fall_back,
                                        outputs=None if outputs is None else [outputs[i] for i in encoded])
-        plain = [i for i in range(len(params)) if i not in set(encoded)] if encoded else list(range(len(params)))
+        skipped = set(encoded)
+        plain = [i for i in range(len(params)) if i not in skipped] if encoded else list(range(len(params)))
         seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]
@@ -241,7 +259,8 @@ class PhasedStep(ShardedStep):
         eager = list(range(len(plain)))
         if runner is not None and plain:
             chosen = [i for i in eager if runner.accepts(views[i], given[i], own[i])]
-            eager = [i for i in eager if i not in set(chosen)]
+            compiled = set(chosen)
+            eager = [i for i in eager if i not in compiled]
             try:
                 parts += runner([views[i] for i in chosen], [given[i] for i in chosen], [own[i] for i in chosen],
                                 values, layout, static, None if seeds is None else [seeds[i] for i in chosen],
@@ -249,7 +268,9 @@ class PhasedStep(ShardedStep):
             except Exception as error:  # under "auto", a failed compile falls back to eager
                 self._fall_back(error)
                 eager += chosen[runner.done:]
-        if eager:
+        if eager and len(eager) == len(plain):  # all of them, in order: the lists as they are
+            parts += run_eager(phase, views, given, own, values, layout, static, seeds, outs, starts)
+        elif eager:
             parts += run_eager(phase, [views[i] for i in eager], [given[i] for i in eager], [own[i] for i in eager],
                                values, layout, static, None if seeds is None else [seeds[i] for i in eager],
                                None if outs is None else [outs[i] for i in eager], [starts[i] for i in eager])
