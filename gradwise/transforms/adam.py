@@ -24,8 +24,9 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
     The moments and the denominator sqrt(v) / sqrt(1-b2^t) + eps are computed with torch.optim.Adam's
     ops in its order (lerp_, mul_, addcmul_, sqrt, div_, add_), so exp_avg and exp_avg_sq hold
     torch's bits for the same updates, eagerly. Compiled, two ops are chosen for a CPU's vector units
-    instead, within a rounding of torch's: m + (1-b1)(u - m) (``lists.lerp_small_``) and sqrt(v) times 1/sqrt(1-b2^t) (a vector division per element costs a
-    sixth of the step); 1 - b1, 1 - b2 and sqrt(1-b2^t) are computed in double precision,
+    instead, within a rounding of torch's: m + (1-b1)(u - m) (``lists.lerp_small_``) and sqrt(v) times
+    1/sqrt(1-b2^t) (a vector division per element costs a sixth of the step); 1 - b1, 1 - b2 and
+    sqrt(1-b2^t) are computed in double precision,
     as torch does (in float32, 1 - 0.999 is 1.3e-5 off). ``amsgrad`` is a param-group entry, as in
     torch; ``max_exp_avg_sq`` is kept for the groups that set it (their ``for_group`` is this transform,
     the others' a copy without that buffer).
