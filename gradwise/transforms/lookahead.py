@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, boolean, closed_unit_interval, positive_int
 from gradwise.core.transform import Context, Transform, state_dtype
 
@@ -49,7 +50,7 @@ class lookahead(Transform):  # noqa: N801
         weight = ctx["lookahead_alpha"] * sync  # 0 off the merge steps: slow stays as it is, exactly
         out = []
         for u, p, slow in zip(updates, ctx.params, state["slow"]):
-            slow.lerp_(p + u, weight)
+            lists.lerp_small_([slow], [p + u], weight)
             out.append(torch.where(sync > 0, slow - p, u))
         return out
 

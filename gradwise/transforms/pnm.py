@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.gradient_shaping import NORMALIZE_EPS, centralized, normalized
@@ -133,7 +134,8 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             # the combination's coefficients, 1 / noise norm and 1 / (1 - b1^t) folded in
             "pos_coef": (1 + beta0 if odd else -beta0) * scale,
             "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
-            "bias2_sqrt": math.sqrt(1 - b2**step),
+            # sqrt(v_max) times this, not over sqrt(1 - b2^t): a vector division per element is slow
+            "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step),
             "bias2": 1 - b2**step,
             "one_minus_beta2": 1 - b2,  # in double, as the reference
         }
@@ -159,14 +161,23 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         for (g, x), (pos, neg, v, v_max) in zip(self.variance_inputs(updates, state, ctx), buffers):
             v.mul_(b2).addcmul_(x, x * ctx["one_minus_beta2"])
             v_max.copy_(torch.maximum(v_max, v))
-            denom = v_max.sqrt() / ctx["bias2_sqrt"] + eps
+            denom = v_max.sqrt() * ctx["inv_bias2_sqrt"] + eps
             if ctx["softplus"]:
-                denom = F.softplus(denom, beta=ctx["beta_softplus"])
-            pos.lerp_(g, ctx["pos_rate"])
-            neg.lerp_(g, ctx["neg_rate"])
+                denom = softplus(denom, ctx["beta_softplus"])
+            lists.lerp_small_([pos], [g], ctx["pos_rate"])
+            lists.lerp_small_([neg], [g], ctx["neg_rate"])
             out.append((pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) / denom)
         return out
 
     def __repr__(self) -> str:
         return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
                 f" belief={self.belief}, second_moment_statistics={self.second_moment_statistics})")
+
+
+def softplus(x: Tensor, beta: float) -> Tensor:
+    """``F.softplus(x, beta)`` (log(1 + exp(beta x)) / beta, x itself where beta x > 20); traced, with the
+    division by ``beta`` a multiplication by 1 / beta (a compiled CPU step's vector units are busy enough)."""
+    if not torch.compiler.is_compiling():
+        return F.softplus(x, beta=beta)
+    scaled = x * beta
+    return torch.where(scaled > 20.0, x, torch.log1p(torch.exp(scaled)) * (1 / beta))
