@@ -36,6 +36,16 @@ OPTIMIZERS = {
     "KLShampoo": (gradwise.KLShampoo, dict(weight_decay=0.0, precondition_frequency=10)),
     "KLSOAP": (gradwise.KLSOAP, dict(weight_decay=0.0, precondition_frequency=10)),
     "MicroAdam": (gradwise.MicroAdam, dict(weight_decay=0.0)),  # the authors' window of 10, 1% Top-K
+    # the other recipes of issue 16 at their defaults (AdamC without weight decay is AdamW, BAdam on one tensor is
+    # its inner optimizer, MeZO steps from closures: none of the three is here); FRUGAL with AdamW on a rank-8
+    # subspace, signSGD on the rest
+    "ADOPT": (gradwise.ADOPT, dict(weight_decay=0.0)),
+    "AdEMAMix": (gradwise.AdEMAMix, dict(weight_decay=0.0)),
+    "MARS": (gradwise.MARS, dict(weight_decay=0.0)),
+    "SPAM": (gradwise.SPAM, dict(weight_decay=0.0)),
+    "NorMuon": (gradwise.NorMuon, dict(weight_decay=0.0, ns_dtype=torch.float32)),
+    "FRUGAL": (gradwise.FRUGAL, dict(weight_decay=0.0, rank=8)),
+    "SubsetNorm": (gradwise.SubsetNorm, dict(weight_decay=0.0)),
 }
 LR_GRID = [10 ** (k / 2) for k in range(-8, 2)]  # 1e-4, 3e-4, ..., 1, 3
 

@@ -10,6 +10,7 @@ import torch
 
 import gradwise
 from tests.models import bag_of_tensors, sin_loss
+from tests.test_parity import _clone, assert_trajectories_close, run_bag
 
 STEPS = 25
 GAP = 4  # switches at steps 5, 9, 13, ...
@@ -89,3 +90,22 @@ def test_resume_across_a_switch_is_exact():
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         gradwise.FRUGAL([torch.zeros(2, requires_grad=True)], **kwargs)
+
+
+@pytest.mark.slow
+def test_blocks_compiled_equal_eager():
+    """Elementwise (the choice is one 0-d factor per tensor): one flat graph per route, across three switches and
+    the state resets at each, the unstrided group beside the strided one (20 steps)."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.randn(n, generator=gen).requires_grad_() for n in (3, 4, 6, 7, 8)]
+    holder = []
+
+    def make(p, compile):
+        groups = [{"params": p[:1], "block_stride": None}, {"params": p[1:]}]
+        return gradwise.FRUGAL(groups, compile=compile, subspace="blocks", update_proj_gap=GAP,
+                               **CASES["stride-2-decay"])
+
+    compiled = run_bag(lambda p: holder.append(make(p, True)) or holder[-1], _clone(params), torch.float32, 20)
+    eager = run_bag(lambda p: make(p, False), _clone(params), torch.float32, 20)
+    assert holder[0].transform.elementwise and holder[0].compile_stats["compiles"] >= 1
+    assert_trajectories_close(compiled, eager, torch.float32, rtol=1e-6, atol=1e-7)

@@ -237,3 +237,22 @@ def test_readme_snippet_does_what_it_says(code):
         check(scope, code)
     if not checks:
         _some_parameter_moves(scope)
+
+
+#: the rows of the README's "state bytes / parameter, GPT-2 124M: fp32 / bf16 / int8" tables that name one recipe:
+#: recipe -> its first figure (fp32)
+STATE_ROWS = dict((name, value) for table in re.findall(r"\| state bytes / parameter, GPT-2 124M[^\n]*\n(.*?)\n\n",
+                                                    README.read_text(), re.S)
+              for name, value in re.findall(r"^\| `(\w+)`(?: \(for comparison\))? \|[^\n]*\| (\d+\.\d\d)\b[^|\n]*\|$",
+                                            table, re.M))
+
+
+def test_state_bytes_tables_are_what_gradwise_estimate_prints(capsys):
+    """Each fp32 figure of those tables is ``gradwise estimate --size 124m --recipe NAME``'s bytes per parameter."""
+    from gradwise import cli
+
+    assert {"MicroAdam", "KLSOAP", "ADOPT", "NorMuon"} <= set(STATE_ROWS)
+    for name, value in STATE_ROWS.items():
+        assert cli.main(["estimate", "--size", "124m", "--recipe", name]) == 0
+        total = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("total"))
+        assert f"{float(total.split()[2]):.2f}" == value, (name, total)
