@@ -136,6 +136,7 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
             "neg_coef": (-beta0 if odd else 1 + beta0) * scale,
             # sqrt(v_max) times this, not over sqrt(1 - b2^t): a vector division per element is slow
             "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step),
+            "bias2": 1 - b2**step,  # read by Ranger21's norm loss (transforms/regularizers.py)
             "one_minus_beta2": 1 - b2,  # in double, as the reference
         }
 
