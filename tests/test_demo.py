@@ -43,6 +43,7 @@ from tests.distributed_harness import (
     spawn_failing_on_purpose,
     went_on,
 )
+from tests.low_comm_models import DEMO_VARIANTS, ConvNet
 from tests.references.demo import simulate as simulate_demo
 
 WORLD_SIZE = 2
@@ -51,19 +52,6 @@ CHUNK, TOPK = 5, 3
 
 
 # --------------------------------------------------------------------------- models and data
-class _ConvNet(torch.nn.Module):
-    """A 3-d weight (4, 2, 3), vectors, and matrices whose dims the chunk does not divide."""
-
-    def __init__(self, dtype=torch.float64):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv1d(2, 4, 3).to(dtype)
-        self.out = torch.nn.Linear(12, 3).to(dtype)
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.conv(x)).flatten(1))
-
-
 def _batch(step: int, rank: int, shape_x, shape_y, dtype):
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(*shape_x, generator=g, dtype=dtype), torch.randn(*shape_y, generator=g, dtype=dtype)
@@ -130,14 +118,12 @@ def _powersgd_reference(steps: int, lr: float, plain: int, rank: int, seed: int)
 
 # --------------------------------------------------------------------------- the cases, inside each rank
 def _case_demo_reference(rank: int) -> None:
-    for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
-                          ("q itself", {"weight_decay": 0.0, "sign": False}),
-                          ("Adam-like final step", {"weight_decay": 0.1, "sign": False, "adam_beta2": 0.99})):
-        model = _ConvNet()
+    for label, kwargs in DEMO_VARIANTS:
+        model = ConvNet()
         initial = [p.detach().clone() for p in model.parameters()]
         demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
         _train(demo, model, range(20), rank)
-        expected = simulate_demo(_ConvNet(), _backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK, **kwargs)
+        expected = simulate_demo(ConvNet(), _backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK, **kwargs)
         for i, (p, q, before) in enumerate(zip(model.parameters(), expected, initial, strict=True)):
             assert (p - before).abs().max() > 1e-3, f"{label}: parameter {i} barely moved; the check is vacuous"
             torch.testing.assert_close(p.detach(), torch.from_numpy(q), rtol=1e-10, atol=1e-10,
@@ -153,14 +139,14 @@ def _case_demo_reference(rank: int) -> None:
 
 def _case_demo_resume(rank: int) -> None:
     kwargs = {"lr": 1e-2, "momentum": 0.9, "chunk": CHUNK, "topk": TOPK, "weight_decay": 0.1}
-    model = _ConvNet(torch.float32)
+    model = ConvNet(torch.float32)
     demo = gradwise.DeMo(model.parameters(), **kwargs)
     _train(demo, model, range(4), rank)
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "demo": demo.state_dict()}, buffer)
     copied_model, copied = copy.deepcopy((model, demo))
     saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-    resumed_model = _ConvNet(torch.float32)
+    resumed_model = ConvNet(torch.float32)
     resumed_model.load_state_dict(saved["model"])
     resumed = gradwise.DeMo(resumed_model.parameters(), **kwargs)
     resumed.load_state_dict(saved["demo"])
@@ -169,7 +155,7 @@ def _case_demo_resume(rank: int) -> None:
     directory = os.path.join(tempfile.gettempdir(), f"gradwise-demo-dcp-{os.getppid()}")
     key = f"worker{rank}"
     dcp.save({key: {"model": model.state_dict(), "demo": demo.state_dict()}}, checkpoint_id=directory)
-    dcp_model = _ConvNet(torch.float32)
+    dcp_model = ConvNet(torch.float32)
     from_dcp = gradwise.DeMo(dcp_model.parameters(), **kwargs)
     target = {key: {"model": dcp_model.state_dict(), "demo": from_dcp.state_dict()}}
     dcp.load(target, checkpoint_id=directory)
@@ -191,13 +177,13 @@ def _case_demo_resume(rank: int) -> None:
 def _case_demo_bytes(rank: int) -> None:
     # blocks x min(k, components) selected: conv weight as (4, 6) in 4 x 3 blocks: 2 x 3; conv bias (4,): 1 x 3;
     # out weight (3, 12) in 3 x 4 blocks: 3 x 3; out bias (3,): 1 x 3. 21 components of float32 + int16: 126 bytes
-    model = _ConvNet(torch.float32)
+    model = ConvNet(torch.float32)
     demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
     _train(demo, model, range(3), rank)
     assert demo.comm_stats == {"collectives": 3, "bytes_sent": 378, "all_gather_bytes": 378, "steps": 3,
                                "bytes_sent_per_step": 126.0}, demo.comm_stats
     # float64, topk 1: 7 components of 8 + 2 bytes
-    model = _ConvNet()
+    model = ConvNet()
     demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=1)
     _train(demo, model, range(2), rank)
     assert demo.comm_stats["bytes_sent_per_step"] == 70, demo.comm_stats
@@ -237,7 +223,7 @@ CASES = {"demo reference": _case_demo_reference, "demo resume": _case_demo_resum
 def _worker(rank: int, world_size: int, directory: str) -> None:
     """Every case in the same order on every rank; then rank 1 raises mid-step."""
     run_cases(CASES, rank, directory)
-    model = _ConvNet(torch.float32)
+    model = ConvNet(torch.float32)
     demo = gradwise.DeMo(model.parameters())
     _backward(model, 0, rank)
     if rank == 1:
@@ -284,7 +270,7 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
-        gradwise.DeMo(_ConvNet().parameters(), **kwargs)
+        gradwise.DeMo(ConvNet().parameters(), **kwargs)
 
 
 def test_an_integer_parameter_and_a_second_device_are_refused():
@@ -297,7 +283,7 @@ def test_an_integer_parameter_and_a_second_device_are_refused():
 def test_every_component_sent_without_momentum_or_sign_is_sgd():
     """One worker, k = every component of a block, beta = 0, q itself: q is the gradient (the DCT is
     orthonormal), nothing is left in the momentum, nothing is sent without torch.distributed."""
-    model, plain = _ConvNet(), _ConvNet()
+    model, plain = ConvNet(), ConvNet()
     demo = gradwise.DeMo(model.parameters(), lr=0.1, momentum=0.0, chunk=CHUNK, topk=25, sign=False)
     sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
     _train(demo, model, range(3), 0)
@@ -309,7 +295,7 @@ def test_every_component_sent_without_momentum_or_sign_is_sgd():
 
 
 def test_a_missing_gradient_is_refused_before_anything_changes():
-    model = _ConvNet()
+    model = ConvNet()
     demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
     _train(demo, model, range(1), 0)
     before = copy.deepcopy((model.state_dict(), demo.state_dict()))
@@ -323,11 +309,11 @@ def test_a_missing_gradient_is_refused_before_anything_changes():
 
 
 def test_a_state_of_another_model_or_setting_is_refused_before_anything_changes():
-    model = _ConvNet()
+    model = ConvNet()
     demo = gradwise.DeMo(model.parameters(), chunk=CHUNK, topk=TOPK)
     _train(demo, model, range(2), 0)
     before = copy.deepcopy(demo.state_dict())
-    other = gradwise.DeMo(_ConvNet().parameters(), chunk=CHUNK, topk=TOPK + 1)
+    other = gradwise.DeMo(ConvNet().parameters(), chunk=CHUNK, topk=TOPK + 1)
     with pytest.raises(ValueError, match=r"topk=4, this DeMo topk=3"):
         demo.load_state_dict(other.state_dict())
     wrong = copy.deepcopy(before)

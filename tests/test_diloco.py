@@ -50,6 +50,7 @@ from tests.distributed_harness import (
     spawn_failing_on_purpose,
     went_on,
 )
+from tests.low_comm_models import IntegerQuadratic, integer_quadratic_backward
 from tests.references.diloco import simulate, simulate_stale
 
 WORLD_SIZE = 2
@@ -72,23 +73,6 @@ def _loss(model, step: int, rank: int) -> torch.Tensor:
 
 def _backward(model, step: int, rank: int) -> None:
     _loss(model, step, rank).backward()
-
-
-class _Quadratic(torch.nn.Module):
-    """``0.5 |w - t|^2`` with integer weights and targets: with lr 0.5 every step's arithmetic is exact."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.a = torch.nn.Parameter(torch.randint(-8, 9, (3, 4), generator=g).float())
-        self.b = torch.nn.Parameter(torch.randint(-8, 9, (5,), generator=g).float())
-
-
-def _quadratic_backward(model, step: int, rank: int) -> None:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    loss = sum(0.5 * (p - torch.randint(-8, 9, p.shape, generator=g).float()).square().sum()
-               for p in model.parameters())
-    loss.backward()
 
 
 def _data_parallel_backward(backward, model, step: int, rank: int) -> None:
@@ -128,7 +112,7 @@ def _case_data_parallel(rank: int) -> None:
     inners = {"gradwise SGD momentum": lambda ps: gradwise.SGD(ps, lr=0.5, momentum=0.5),
               "torch SGD Nesterov": lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.5, nesterov=True)}
     for name, build in inners.items():
-        for kind, make, backward, steps in (("exact", _Quadratic, _quadratic_backward, 6),
+        for kind, make, backward, steps in (("exact", IntegerQuadratic, integer_quadratic_backward, 6),
                                             ("mlp", _mlp, _backward, 20)):
             label = f"{name}, {kind}"
             model, replica = make(), make()

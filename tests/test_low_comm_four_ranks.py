@@ -28,6 +28,7 @@ import torch.distributed as dist
 import gradwise
 from gradwise.state.codec import codec_from
 from tests.distributed_harness import needs_gloo, run_cases, spawn
+from tests.low_comm_models import DEMO_VARIANTS, ConvNet, IntegerQuadratic, integer_quadratic_backward
 from tests.references.demo import simulate as simulate_demo
 from tests.references.diloco import simulate, simulate_stale
 
@@ -49,36 +50,6 @@ def _backward(model, step: int, rank: int) -> None:
     dtype = next(model.parameters()).dtype
     x, y = torch.randn(4, 6, generator=g, dtype=dtype), torch.randn(4, 3, generator=g, dtype=dtype)
     torch.nn.functional.mse_loss(model(x), y).backward()
-
-
-class _Quadratic(torch.nn.Module):
-    """``0.5 |w - t|^2`` with integer weights and targets: with lr 0.5 every step's arithmetic is exact."""
-
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.a = torch.nn.Parameter(torch.randint(-8, 9, (3, 4), generator=g).float())
-        self.b = torch.nn.Parameter(torch.randint(-8, 9, (5,), generator=g).float())
-
-
-def _quadratic_backward(model, step: int, rank: int) -> None:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    loss = sum(0.5 * (p - torch.randint(-8, 9, p.shape, generator=g).float()).square().sum()
-               for p in model.parameters())
-    loss.backward()
-
-
-class _ConvNet(torch.nn.Module):
-    """A 3-d weight (4, 2, 3), vectors, and matrices whose dims DeMo's chunk does not divide."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv1d(2, 4, 3).double()
-        self.out = torch.nn.Linear(12, 3).double()
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.conv(x)).flatten(1))
 
 
 def _conv_backward(model, step: int, rank: int) -> None:
@@ -121,7 +92,7 @@ def _torch_adamw(params):
 
 # --------------------------------------------------------------------------- the cases, inside each rank
 def _case_data_parallel(rank: int) -> None:
-    for kind, make, backward, steps in (("exact", _Quadratic, _quadratic_backward, 6),
+    for kind, make, backward, steps in (("exact", IntegerQuadratic, integer_quadratic_backward, 6),
                                         ("mlp", lambda: _mlp(torch.float32), _backward, 20)):
         model, replica = make(), make()
         initial = [p.detach().clone() for p in model.parameters()]
@@ -185,14 +156,12 @@ def _case_diloco_reference(rank: int) -> None:
 
 
 def _case_demo_reference(rank: int) -> None:
-    for label, kwargs in (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
-                          ("q itself", {"weight_decay": 0.0, "sign": False}),
-                          ("Adam-like final step", {"weight_decay": 0.1, "sign": False, "adam_beta2": 0.99})):
-        model = _ConvNet()
+    for label, kwargs in DEMO_VARIANTS:
+        model = ConvNet()
         initial = [p.detach().clone() for p in model.parameters()]
         demo = gradwise.DeMo(model.parameters(), lr=1e-2, momentum=0.9, chunk=CHUNK, topk=TOPK, **kwargs)
         _train(demo, model, _conv_backward, range(20), rank)
-        expected = simulate_demo(_ConvNet(), _conv_backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK,
+        expected = simulate_demo(ConvNet(), _conv_backward, WORLD_SIZE, 20, 1e-2, 0.9, chunk=CHUNK, topk=TOPK,
                                  **kwargs)
         _assert_moved(label, model, initial)
         _assert_close(label, model.parameters(), expected)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -206,17 +205,11 @@ def _open(storage: str, create: bool = True):
     return Store(storage)
 
 
-def _worker(storage: str, plans, threads: int) -> None:
-    from gradwise.arena.rulesets import work
-    from gradwise.arena.store import Store
-
-    work(Store(storage), plans, threads=threads)
-
-
 def cmd_run(args) -> int:
     from gradwise.arena.live import LiveBoard
     from gradwise.arena.report import write_report
     from gradwise.arena.rulesets import work
+    from gradwise.arena.worker_pool import join_workers, start_workers
 
     suite, plans = _plans(args)
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
@@ -224,19 +217,11 @@ def cmd_run(args) -> int:
         print(f"warning: load average {load:.1f} on {cpus} CPUs: times will be contended (the report flags them)",
               file=sys.stderr)
     store = _open(args.storage)
-    for p in plans:  # prepare in this process so extra workers find every study ready
-        store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
-    context = multiprocessing.get_context("spawn")
-    helpers = [context.Process(target=_worker, args=(args.storage, plans, args.threads))
-               for _ in range(args.workers - 1)]
-    for h in helpers:
-        h.start()
+    helpers = start_workers(store, args.storage, plans, args.threads, args.workers)
     with LiveBoard(store, suite, plans, args.reference, live=not args.no_live) as board:
         work(store, plans, threads=args.threads, on_trial=board.on_trial, on_eval=board.on_eval)
-        for h in helpers:
-            h.join()
-    if any(h.exitcode for h in helpers):
-        print(f"error: {sum(bool(h.exitcode) for h in helpers)} worker process(es) failed", file=sys.stderr)
+        workers_ok = join_workers(helpers)
+    if not workers_ok:
         return 1
     path = write_report(store.studies(), Path(args.out), suite, args.reference)
     board.print_final()
@@ -320,7 +305,7 @@ def cmd_delete_study(args) -> int:
 def cmd_claims(args) -> int:
     from gradwise.arena.cli_claims import cmd_claims as run_claims
 
-    return run_claims(args, open_store=_open, worker=_worker)
+    return run_claims(args, open_store=_open)
 
 
 COMMANDS = {"run": cmd_run, "score": cmd_score, "report": cmd_report, "set-targets": cmd_set_targets,

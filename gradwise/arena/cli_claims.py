@@ -2,8 +2,6 @@
 ``claims.md`` with its figure and print the table."""
 from __future__ import annotations
 
-import multiprocessing
-import sys
 from pathlib import Path
 
 DEFAULT_CLAIMS_STORAGE = "arena-results/claims.db"
@@ -46,12 +44,13 @@ def _log(plan, claimed, record) -> None:
         print(f"  {plan.name} #{claimed.index}: {outcome} ({record['train_time']:.1f} s)", flush=True)
 
 
-def cmd_claims(args, *, open_store, worker) -> int:
-    """Run or resume the claims' studies, write ``claims.md``; ``open_store(storage, create)`` and ``worker(storage,
-    plans, threads)`` are the arena CLI's, so the store opens and extra workers run as for ``gradwise arena run``."""
+def cmd_claims(args, *, open_store) -> int:
+    """Run or resume the claims' studies, write ``claims.md``; ``open_store(storage, create)`` is the arena CLI's, so
+    the store opens as for ``gradwise arena run``, and ``--workers`` runs extra worker processes as it does."""
     from gradwise.arena.claims import claim_plans
     from gradwise.arena.claims_report import print_claims, write_claims
     from gradwise.arena.rulesets import work
+    from gradwise.arena.worker_pool import join_workers, start_workers
     from gradwise.arena.workloads import get_workload
 
     workloads = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
@@ -61,18 +60,9 @@ def cmd_claims(args, *, open_store, worker) -> int:
                         time_limit=args.time_limit, budget_scale=args.budget_scale)
     store = open_store(args.storage, create=not args.report_only)
     if not args.report_only:
-        for p in plans:
-            store.prepare(p.name, p.spec, p.points, p.seeds, p.distributions)
-        context = multiprocessing.get_context("spawn")
-        helpers = [context.Process(target=worker, args=(args.storage, plans, args.threads))
-                   for _ in range(args.workers - 1)]
-        for h in helpers:
-            h.start()
+        helpers = start_workers(store, args.storage, plans, args.threads, args.workers)
         work(store, plans, threads=args.threads, on_trial=_log)
-        for h in helpers:
-            h.join()
-        if any(h.exitcode for h in helpers):
-            print(f"error: {sum(bool(h.exitcode) for h in helpers)} worker process(es) failed", file=sys.stderr)
+        if not join_workers(helpers):
             return 1
     names = {p.name for p in plans}
     studies = [s for s in store.studies() if s["name"] in names]
