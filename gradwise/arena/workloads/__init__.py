@@ -6,10 +6,11 @@ from gradwise.arena.workloads.digits import DigitsCNN
 from gradwise.arena.workloads.lstsq import LstsqIllConditioned
 from gradwise.arena.workloads.mnist1d_cnn import MNIST1DCNN
 from gradwise.arena.workloads.shakespeare import ShakespeareCharLM
+from gradwise.arena.workloads.shakespeare_gpt import ShakespeareGPT
 from gradwise.arena.workloads.teacher_student import TeacherStudent
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (
-    DigitsCNN, LstsqIllConditioned, TeacherStudent, MNIST1DCNN, ShakespeareCharLM)}
+    DigitsCNN, LstsqIllConditioned, TeacherStudent, MNIST1DCNN, ShakespeareCharLM, ShakespeareGPT)}
 
 
 def get_workload(name: str) -> Workload:

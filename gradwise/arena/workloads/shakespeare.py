@@ -54,6 +54,28 @@ def plays(wheel: Path) -> dict[str, str]:
         return {n: archive.read(n).decode("utf-8").replace("**", "") for n in names}
 
 
+def split_by_play(texts: list[str]) -> tuple[list[str], list[str]]:
+    """(training plays, validation plays) of the plays in name order: every 10th (index 0, 10, 20, 30) validates."""
+    return [t for i, t in enumerate(texts) if i % 10 != 0], [t for i, t in enumerate(texts) if i % 10 == 0]
+
+
+def fixed_windows(tokens: Tensor, count: int, context: int) -> tuple[Tensor, Tensor]:
+    """(inputs, next-token targets) of ``count`` windows of ``context`` tokens, evenly spaced over ``tokens``."""
+    starts = torch.linspace(0, len(tokens) - context - 2, count).long()
+    windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def random_windows(tokens: Tensor, batch_size: int, context: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless batches of (inputs, next-token targets) from windows starting anywhere, seeded by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(context + 1)
+    while True:
+        starts = torch.randint(0, len(tokens) - context - 1, (batch_size, 1), generator=generator)
+        windows = tokens[starts + offsets]
+        yield windows[:, :-1], windows[:, 1:]
+
+
 class CausalTransformer(nn.Module):
     def __init__(self, vocab: int):
         super().__init__()
@@ -91,26 +113,18 @@ class ShakespeareCharLM(Workload):
             vocab = sorted(set("".join(texts)))
             lookup = {c: i for i, c in enumerate(vocab)}
             encode = lambda parts: np.array([lookup[c] for c in "".join(parts)], dtype=np.uint8)  # noqa: E731
-            train = encode(t for i, t in enumerate(texts) if i % 10 != 0)
-            val = encode(t for i, t in enumerate(texts) if i % 10 == 0)
+            train_plays, val_plays = split_by_play(texts)
+            train, val = encode(train_plays), encode(val_plays)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, train=train, val=val, vocab=np.array(["".join(vocab)]))
             tmp.replace(path)
         d = np.load(path)
         self.vocab = str(d["vocab"][0])
         train, val = torch.tensor(d["train"], dtype=torch.long), torch.tensor(d["val"], dtype=torch.long)
-        starts = torch.linspace(0, len(val) - CONTEXT - 2, VAL_WINDOWS).long()
-        windows = torch.stack([val[s:s + CONTEXT + 1] for s in starts.tolist()])
-        return Data(train, train, windows[:, :-1], windows[:, 1:])
+        return Data(train, train, *fixed_windows(val, VAL_WINDOWS, CONTEXT))
 
     def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        tokens = self.data().train_x
-        generator = torch.Generator().manual_seed(seed)
-        offsets = torch.arange(CONTEXT + 1)
-        while True:
-            starts = torch.randint(0, len(tokens) - CONTEXT - 1, (batch_size, 1), generator=generator)
-            windows = tokens[starts + offsets]
-            yield windows[:, :-1], windows[:, 1:]
+        return random_windows(self.data().train_x, batch_size, CONTEXT, seed)
 
     def init_model(self, seed: int) -> nn.Module:
         self.data()
