@@ -138,3 +138,37 @@ def test_evaluation_runs_at_the_optimizers_evaluation_point(optimizer, hyperpara
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), evaluated)), step
             moved = not all(torch.equal(p, q) for p, q in zip(evaluated, training))
             assert moved == (optimizer == "ScheduleFreeAdamW")
+
+
+class Named(nn.Module):
+    """lstsq's linear model under a module name: ``head`` (an output head by Muon's rule) or ``body``."""
+
+    def __init__(self, inner: nn.Module, name: str):
+        super().__init__()
+        self.add_module(name, inner)
+        self.name = name
+
+    def forward(self, x):
+        return getattr(self, self.name)(x)
+
+
+class NamedLstsq(LstsqIllConditioned):
+    def __init__(self, name: str):
+        super().__init__()
+        self.module_name = name
+
+    def init_model(self, seed: int) -> nn.Module:
+        return Named(super().init_model(seed), self.module_name)
+
+
+def test_the_optimizer_gets_the_parameters_names():
+    """Muon keeps heads and embeddings on AdamW by name (the authors' split): a trial hands it named parameters, so
+    the 1 x 100 weight named ``head.weight`` holds AdamW's two moments, and the same weight as ``body.weight``
+    one momentum, on Muon's rule."""
+    def state_bytes(name: str) -> int:
+        record = run_trial(NamedLstsq(name), "Muon", {"lr": 0.01}, seed=0, target=float("-inf"), max_steps=2,
+                           max_runtime=60.0)
+        return record["state_bytes"]
+
+    head, body = state_bytes("head"), state_bytes("body")
+    assert head - body == 100 * 4, (head, body)

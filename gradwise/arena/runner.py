@@ -127,7 +127,7 @@ def run_trial(workload: Workload, optimizer: str, hyperparameters: dict[str, Any
     pin_threads(threads)
     workload.data()  # build or load the data outside the clock
     model = workload.init_model(seed)
-    opt, schedule = build_optimizer(optimizer, hyperparameters, model.parameters(), max_steps)
+    opt, schedule = build_optimizer(optimizer, hyperparameters, model.named_parameters(), max_steps)
     batches = workload.batches(workload.batch_size, seed)
     record: dict[str, Any] = {"workload": workload.name, "optimizer": optimizer,
                               "hyperparameters": hyperparameters, "seed": seed, "target": target,

@@ -187,17 +187,23 @@ def optimizer_kwargs(name: str, hyperparameters: dict[str, Any]) -> dict[str, An
     return kwargs
 
 
+def _tensor(item) -> torch.Tensor:
+    """The parameter of a ``(name, parameter)`` pair, or the parameter itself."""
+    return item[1] if isinstance(item, tuple) else item
+
+
 def parameter_groups(name: str, kwargs: dict[str, Any], params) -> list:
-    """The parameters as the optimizer gets them. A recipe with a projection ``rank`` (GaLore, APOLLO, FRUGAL,
-    SubsetNorm) projects the matrices whose shorter side exceeds the rank, the others (vectors, convolutions,
-    narrow heads) are in a group with ``rank=None``, on its full-rank rule, as the papers keep embeddings,
-    norms and heads on AdamW: one rank then suits every workload."""
+    """The parameters (or ``(name, parameter)`` pairs, as the runner passes them, so that Muon's rule keeps
+    embeddings and heads on AdamW by name) as the optimizer gets them. A recipe with a projection ``rank``
+    (GaLore, APOLLO, FRUGAL, SubsetNorm) projects the matrices whose shorter side exceeds the rank, the others
+    (vectors, convolutions, narrow heads) are in a group with ``rank=None``, on its full-rank rule, as the papers
+    keep embeddings, norms and heads on AdamW: one rank then suits every workload."""
     params = list(params)
     default = inspect.signature(optimizer_class(name).__init__).parameters.get("rank")
     rank = kwargs.get("rank", default.default if default is not None else None)
     if rank is None:
         return params
-    projected = [p for p in params if p.dim() == 2 and min(p.shape) > rank]
+    projected = [p for p in params if _tensor(p).dim() == 2 and min(_tensor(p).shape) > rank]
     rest = [p for p in params if not any(p is q for q in projected)]
     return [g for g in ({"params": projected}, {"params": rest, "rank": None}) if g["params"]]
 
