@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
