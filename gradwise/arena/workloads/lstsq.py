@@ -4,6 +4,11 @@ Features x = z diag(s) U^T with z ~ N(0, I_100), a fixed random orthogonal U and
 from 1 down to 1e-3, so E[x x^T] = U diag(s^2) U^T has condition number kappa = 1e3. Labels y = x w* exactly
 (no noise), so the optimum w* is known and the validation MSE is the excess loss
 (w - w*)^T Sigma (w - w*). Target: validation MSE <= 1e-3 times its value at w = 0.
+
+The target stays analytic: set-targets' procedure would put it at float32 round-off (tuned Nesterov and
+heavy-ball reach 5e-11 and 3e-9 in 3000 steps). The budget is fitted instead, as AlgoPerf v0.6 re-fitted its
+budgets to the results: a step hint of 4000 (self-tuning: 6000 steps), where the arena's reference
+(``torch.AdamW`` at its self-tuning point) reaches the target; at 3000 (4500) it stopped at 1.4e-3.
 """
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ class LstsqIllConditioned(Workload):
     metric = "mse"
     higher_is_better = False
     target = 1e-3  # times the loss at w = 0, which the data normalize to 1
-    step_hint = 3000
-    max_runtime = 20.0
+    step_hint = 4000  # fitted: the reference at its self-tuning point reaches the target (module docstring)
+    max_runtime = 27.0  # 20 s per 3000 steps, as before the fit
     batch_size = 64
     eval_every = 100
     loss_type = "mean_squared_error"
