@@ -21,6 +21,10 @@ process group built once per world size:
 * a placement gradwise does not step (``Shard(1)``) raises ``NotImplementedError`` naming it, and
   changes nothing;
 * ``fused_backward`` (LOMO's default) is refused, naming ``fused_backward=False``, which steps shards;
+* the modifiers no recipe holds (``cautious``, ``cautious_weight_decay``) on AdamW's core, as a case like the
+  recipes' (``mars_correction`` and ``spam`` are MARS's and SPAM's);
+* ``BAdam`` around AdamW on shards (blocks frozen in turn) is bit-identical to the unsharded run and resumes
+  bit-identically across a switch; ``MeZO`` refuses DTensor parameters by name;
 * Muon's step sends what the owner path says, counted by ``optimizer.comm_stats``.
 
 Failures inside a rank are re-raised here with that rank's traceback (``tests/distributed_harness.py``).
@@ -44,14 +48,26 @@ STEPS = 10
 RESUME_STEPS = 3
 RTOL, ATOL = 1e-5, 1e-6
 
+
+def cautious_adamw(params, **kwargs):
+    """``chain(cautious(scale_by_adam()), cautious_weight_decay(), scale_by_learning_rate())``."""
+    from gradwise import Optimizer, chain
+    from gradwise.transforms import cautious, cautious_weight_decay, scale_by_adam, scale_by_learning_rate
+
+    return Optimizer(params, chain(cautious(scale_by_adam()), cautious_weight_decay(), scale_by_learning_rate()),
+                     **kwargs)
+
+
 #: the recipes also run compiled (a compile in each rank is what this test's time allows): elementwise
 #: links compiled on shards, and after an owned phase
 COMPILED = ("AdamW", "Adafactor")
-#: (label, recipe name, keyword arguments, compile): one registry case of each recipe (learning rates
+#: (label, recipe name or builder, keyword arguments, compile): one registry case of each recipe (learning rates
 #: large enough that 10 steps move every parameter well beyond the tolerance), eagerly, and compiled
 #: for those in COMPILED
 CASES = [(c.name + ("[compiled]" if compiled else ""), c.recipe.__name__, {**c.entry.required, **c.kwargs}, compiled)
          for c in ONE_PER_RECIPE for compiled in (False, True) if not compiled or c.recipe.__name__ in COMPILED]
+#: the modifiers that no recipe holds, on AdamW's core (C-AdamW with Cautious Weight Decay)
+CASES += [("cautious-adamw-cwd", cautious_adamw, dict(lr=0.01, weight_decay=0.1), False)]
 CASES += [("ranger21-" + option, "Ranger21", {**ENTRY[Ranger21].required, option: True, "lr": 0.03}, False)
           for option in ("use_madgrad", "use_adabelief")]
 #: every recipe that takes ``state=`` also with int8 state (on shards, on owners, or both: Muon's momentum is
@@ -99,12 +115,12 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _backward(model, reference, step: int, rank: int) -> None:
     """The sharded model's gradient, and the same (gathered) as the reference model's: FSDP2's mean
-    over ranks, bit for bit."""
+    over ranks, bit for bit (None for a frozen parameter)."""
     x, y = _batch(step, rank)
     torch.nn.functional.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y).backward()
     if reference is not None:
         for p, q in zip(model.parameters(), reference.parameters()):
-            q.grad = p.grad.full_tensor()
+            q.grad = None if p.grad is None else p.grad.full_tensor()
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
@@ -194,7 +210,7 @@ def _sums_over_ranks(optimizer) -> bool:
                for op in optimizer.transform.for_group(g).reductions.values())
 
 
-def _run_case(label: str, recipe: str, kwargs: dict, compiled: bool, rank: int, mesh, dcp_dir: str | None,
+def _run_case(label: str, recipe, kwargs: dict, compiled: bool, rank: int, mesh, dcp_dir: str | None,
               dtype: torch.dtype = torch.float32) -> None:
     import gradwise
 
@@ -210,7 +226,8 @@ def _run_case(label: str, recipe: str, kwargs: dict, compiled: bool, rank: int, 
     assert rows == expected_rows, f"rank {rank} holds rows {rows}, not the uneven shards {expected_rows}"
 
     def build(m, compile=compiled):
-        return getattr(gradwise, recipe)(m.parameters(), compile=compile, **kwargs)
+        make = getattr(gradwise, recipe) if isinstance(recipe, str) else recipe
+        return make(m.parameters(), compile=compile, **kwargs)
 
     optimizer, reference_optimizer = build(model), build(reference, compile=False)  # the eager reference
     exact = not compiled and not _sums_over_ranks(optimizer)
@@ -301,6 +318,48 @@ def _run_fused_backward_refusal(mesh) -> None:
         gradwise.LOMO(model.parameters(), lr=0.01)
 
 
+def _run_badam(rank: int, mesh) -> None:
+    """BAdam around AdamW, blocks of two parameters for 3 steps each (every block active within ``STEPS``), the
+    inactive ones frozen: FSDP2 makes no gradient for them, and the run equals the unsharded one bit for bit,
+    also after a ``torch.save`` resume in the middle of a block."""
+    import gradwise
+
+    label = "BAdam(AdamW)"
+    torch.manual_seed(0)
+    reference = _mlp()
+    model = _shard(copy.deepcopy(reference), mesh)
+    initial = [_full(p).clone() for p in model.parameters()]
+
+    def build(m):
+        return gradwise.BAdam(gradwise.AdamW(m.parameters(), lr=0.01, compile=False), switch_every=3, blocks=2)
+
+    optimizer, reference_optimizer = build(model), build(reference)
+    for step in range(STEPS):
+        _backward(model, reference, step, rank)
+        assert [p.grad is not None for p in model.parameters()] == [i // 2 == optimizer.active for i in range(8)]
+        for opt in (optimizer, reference_optimizer):
+            opt.step()
+            opt.zero_grad()
+    _assert_close(label, f"parameters after {STEPS} steps", model, reference, exact=True)
+    for (name, p), before in zip(model.named_parameters(), initial):
+        assert (_full(p) - before).abs().max() > 100 * ATOL, f"{label}: {name} barely moved"
+    resumed, resumed_optimizer = _resume_from_torch_save(model, optimizer, build, mesh, torch.float32)
+    for step in range(STEPS, STEPS + RESUME_STEPS):
+        for m, opt in ((model, optimizer), (resumed, resumed_optimizer)):
+            _backward(m, None, step, rank)
+            opt.step()
+            opt.zero_grad()
+    _assert_close(label, "run resumed via torch.save vs uninterrupted run", resumed, model, exact=True)
+
+
+def _run_mezo_refusal(mesh) -> None:
+    """MeZO's z spans whole tensors and its loss difference all parameters: shards are refused, by name."""
+    import gradwise
+
+    with pytest.raises(NotImplementedError, match=r"MeZO: params\[0\] is a DTensor placed \(Shard\(dim=0\),\)"):
+        gradwise.MeZO(_shard(_mlp(), mesh).parameters(), lr=1e-3)
+
+
 def _run_traffic(rank: int, mesh) -> None:
     """One 5 x 3 matrix under Muon on 2 ranks: rank 0 holds rows 0-2 and owns it (the only matrix goes to
     the least loaded, lowest rank); rank 1 sends its 2 x 3 float32 rows of the momentum to it (24 bytes)
@@ -343,6 +402,8 @@ def _worker(rank: int, world_size: int, directory: str) -> None:
         _run_skip_nonfinite(rank, mesh)
         _run_unsupported_placement(rank, mesh)
         _run_fused_backward_refusal(mesh)
+        _run_badam(rank, mesh)
+        _run_mezo_refusal(mesh)
         _run_traffic(rank, mesh)
 
 

@@ -4,8 +4,11 @@ marker must name exactly one block. A block no check names (a new one, say) stil
 ``model`` and an ``optimizer`` behind, a step must change a parameter. ```bash blocks are not run."""
 from __future__ import annotations
 
+import ast
+import io
 import math
 import re
+import tokenize
 from pathlib import Path
 from typing import Callable
 
@@ -251,8 +254,50 @@ def test_state_bytes_tables_are_what_gradwise_estimate_prints(capsys):
     """Each fp32 figure of those tables is ``gradwise estimate --size 124m --recipe NAME``'s bytes per parameter."""
     from gradwise import cli
 
-    assert {"MicroAdam", "KLSOAP", "ADOPT", "NorMuon"} <= set(STATE_ROWS)
+    assert {"ADOPT", "AdEMAMix", "MARS", "SPAM", "AdamC", "NorMuon", "PSGDKron", "KLShampoo", "KLSOAP", "SubsetNorm",
+            "FRUGAL", "MicroAdam"} <= set(STATE_ROWS)  # every recipe since 2024 that the command takes
     for name, value in STATE_ROWS.items():
         assert cli.main(["estimate", "--size", "124m", "--recipe", name]) == 0
         total = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("total"))
         assert f"{float(total.split()[2]):.2f}" == value, (name, total)
+
+
+def code_lines(path: Path, name: str | None = None) -> int:
+    """The README's count rule: the lines of ``path`` (or of its top-level class or function ``name``) that hold
+    a token of code; docstrings (module, class, function), comments and blank lines are not counted."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    docstrings = {line for n in nodes if n.body and isinstance(n.body[0], ast.Expr)
+                  and isinstance(n.body[0].value, ast.Constant) and isinstance(n.body[0].value.value, str)
+                  for line in range(n.body[0].lineno, n.body[0].end_lineno + 1)}
+    span = range(1, len(source.splitlines()) + 1)
+    if name is not None:
+        node = next(n for n in tree.body if getattr(n, "name", None) == name)
+        span = range(node.lineno - len(node.decorator_list), node.end_lineno + 1)
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    code = {line for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skipped
+            for line in range(t.start[0], t.end[0] + 1)}
+    return len((code - docstrings) & set(span))
+
+
+#: the sizes table's cells: `transforms/x.py` (N ...), `recipes/x.py:Name` (N ...) -> (path, name, N)
+SIZES = re.findall(r"`((?:transforms|recipes)/\w+\.py|qk_clip\.py)(?::(\w+))?` \((\d+)\b",
+                   re.search(r"\| method \| transform \(code lines\) \|.*?\n\n", README.read_text(), re.S).group())
+
+
+def test_code_lines_follow_the_rule(tmp_path):
+    """The rule on a file written for it: 3 code lines of 9 (a docstring, a comment, blank lines and a class
+    docstring left out); the class alone: 1."""
+    path = tmp_path / "m.py"
+    path.write_text('"""Module."""\n\n# a comment\nx = (1,\n\n     2)  # a tail\n'
+                    'class A:\n    """Doc\n    more."""\n')
+    assert (code_lines(path), code_lines(path, "A")) == (3, 1)
+
+
+def test_sizes_table_counts_code_lines():
+    """Each file size in the README's table of the methods since 2024 is ``code_lines`` of that file."""
+    assert len(SIZES) >= 20 and {"recipes/mezo.py", "transforms/psgd_kron.py"} <= {p for p, _, _ in SIZES}
+    package = README.parent / "gradwise"
+    counted = {(path, name): code_lines(package / path, name or None) for path, name, _ in SIZES}
+    assert {(path, name): int(n) for path, name, n in SIZES} == counted

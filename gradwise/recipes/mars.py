@@ -12,17 +12,12 @@ from gradwise.transforms import (
     scale_by_learning_rate,
 )
 from gradwise.transforms.mars import mars_correction
-from gradwise.transforms.route import route
-
-
-def at_least_2d(name: str | None, param: Tensor) -> str:
-    """pytorch-optimizer's MARS rule: tensors of two or more dimensions are corrected (``"mixed"``)."""
-    return "mixed" if param.dim() >= 2 else "other"
+from gradwise.transforms.route import at_least_2d, route
 
 
 def every_tensor(name: str | None, param: Tensor) -> str:
     """``optimize_1d=True``: every tensor is corrected."""
-    return "mixed"
+    return "matrix"
 
 
 class MARS(Optimizer):
@@ -44,8 +39,8 @@ class MARS(Optimizer):
 
         transform = route(
             every_tensor if optimize_1d else at_least_2d,
-            mixed=(chain(mars_correction(), adamw()), dict(lr=lr, betas=betas, gamma=gamma, weight_decay=weight_decay,
-                                                          eps=eps)),
+            matrix=(chain(mars_correction(), adamw()),
+                    dict(lr=lr, betas=betas, gamma=gamma, weight_decay=weight_decay, eps=eps)),
             other=(adamw(), dict(lr=lr_1d, betas=betas_1d, weight_decay=weight_decay_1d, eps=eps)),
         )
         super().__init__(params, transform, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,

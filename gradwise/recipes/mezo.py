@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from gradwise.core.hyper import choice, non_negative, non_negative_int, number_in, positive
+from gradwise.core.params import DTensor
 
 MASK64 = (1 << 64) - 1
 MASKS = ("magnitude", "random")
@@ -57,9 +58,20 @@ class MeZO(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, after checking the group's settings and refusing DTensor parameters (FSDP2's shards)."""
         for key in CHECKS:
             if key in param_group:
                 CHECKS[key](key, param_group[key])
+        params = param_group["params"]
+        if not isinstance(params, (torch.Tensor, set)):
+            param_group["params"] = params = list(params)
+        for index, p in enumerate([params] if isinstance(params, torch.Tensor) else params):
+            if isinstance(p, DTensor):
+                raise NotImplementedError(
+                    f"MeZO: params[{index}] is a DTensor placed {p.placements} (an FSDP2 shard): MeZO draws z over"
+                    " whole tensors and takes one loss difference for all parameters, which on shards would need"
+                    " each rank's slice of z and the ranks' losses averaged; not implemented. Use MeZO on"
+                    " unsharded parameters")
         super().add_param_group(param_group)
 
     def _checked_groups(self) -> tuple[float, int]:

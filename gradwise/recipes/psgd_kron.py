@@ -2,19 +2,13 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate
 from gradwise.transforms.psgd_kron import scale_by_psgd_kron
-from gradwise.transforms.route import route
-
-
-def decayed(name: str | None, param: Tensor) -> str:
-    """pytorch-optimizer's rule: weight decay for tensors of two or more dimensions only."""
-    return "decayed" if param.dim() >= 2 else "other"
+from gradwise.transforms.route import at_least_2d, route
 
 
 class PSGDKron(Optimizer):
@@ -37,7 +31,7 @@ class PSGDKron(Optimizer):
         boolean("weight_decouple", weight_decouple)
         kron = scale_by_psgd_kron()
         matrices = [kron, add_decayed_weights()] if weight_decouple else [add_decayed_weights(), kron]
-        transform = route(decayed, decayed=chain(*matrices, scale_by_learning_rate()),
+        transform = route(at_least_2d, matrix=chain(*matrices, scale_by_learning_rate()),
                           other=chain(kron, scale_by_learning_rate()))
         super().__init__(
             params, transform, lr=lr, momentum=momentum, weight_decay=weight_decay,

@@ -114,3 +114,9 @@ def matrices(name: str | None, param: Tensor) -> str:
     if name is not None and any(word in name.lower() for word in ("embed", "wte", "wpe", "head")):
         return "other"
     return "matrix"
+
+
+def at_least_2d(name: str | None, param: Tensor) -> str:
+    """Tensors of two or more dimensions to ``"matrix"``, the others to ``"other"``, whatever their names
+    (pytorch-optimizer's rule for MARS's correction and for Kron's weight decay)."""
+    return "matrix" if param.dim() >= 2 else "other"
