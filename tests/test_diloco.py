@@ -54,6 +54,7 @@ from tests.distributed_harness import (
     went_on,
 )
 from tests.low_comm_models import IntegerQuadratic, integer_quadratic_backward
+from tests.references.co2 import co2_outer
 from tests.references.diloco import simulate, simulate_stale
 from tests.references.powersgd import PowerSGDMeans
 
@@ -459,6 +460,40 @@ def test_a_state_without_co2_gaps_is_refused_by_a_diloco_with_a_staleness_penalt
         co2.load_state_dict(plain.state_dict())
     with pytest.raises(ValueError, match=r"holds 4 staleness gaps, this DiLoCo 0"):
         plain.load_state_dict(co2.state_dict())
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_co2_outer_momentum_matches_the_authors_released_step(clip):
+    """``CO2OuterMomentum`` against the float64 rule of the authors' code, 20 steps, within 1e-12; the
+    clamp bites at 0.05 (it is what differs from the code, whose clamp is a no-op)."""
+    from gradwise.distributed import CO2OuterMomentum
+
+    g = torch.Generator().manual_seed(0)
+    theta = [torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
+    grads = [[torch.randn(t.shape, generator=g, dtype=torch.float64) * 0.1 for t in theta] for _ in range(20)]
+    params = [torch.nn.Parameter(t.clone()) for t in theta]
+    outer = CO2OuterMomentum(params, lr=0.7, momentum=0.5, gap_penalty=2.0, clip=clip)
+    for step in grads:
+        for p, d in zip(params, step):
+            p.grad = d.clone()
+        outer.step()
+    expected = co2_outer(theta, grads, 0.7, 0.5, 2.0, clip)
+    for p, q, t in zip(params, expected, theta):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-12, atol=1e-14)
+        assert (p - t).abs().max() > MOVED
+    buffers = [outer.state[p]["momentum_buffer"] for p in params]
+    assert (max(b.abs().max() for b in buffers) == 0.05) == (clip is not None)
+    unclipped = co2_outer(theta, grads, 0.7, 0.5, 2.0, None)
+    assert (clip is None) == all(torch.equal(a, b) for a, b in zip(expected, unclipped))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"lr": 0.0}, r"invalid lr=0.0"), ({"momentum": 1.0}, r"momentum=1.0"),
+                                               ({"gap_penalty": -1.0}, r"gap_penalty=-1.0"), ({"clip": 0}, r"clip=0")])
+def test_co2_outer_momentum_refuses_bad_arguments_by_name(kwargs, match):
+    from gradwise.distributed import CO2OuterMomentum
+
+    with pytest.raises(ValueError, match=match):
+        CO2OuterMomentum([torch.nn.Parameter(torch.zeros(2))], **kwargs)
 
 
 def test_a_state_with_another_powersgd_rank_or_none_is_refused():

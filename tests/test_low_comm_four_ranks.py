@@ -207,6 +207,14 @@ def _case_diloco_over_fsdp2(rank: int) -> None:
         return gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, process_group=across, **kwargs)
 
     model = _sharded_mlp(mesh["shard"])
+    # refused before anything is built: the default group (shard-mates too), and what needs whole tensors
+    for kwargs, error, match in (({}, ValueError, r"invalid process_group=None .* meet the shard mesh in this rank"),
+                                 ({"process_group": across, "overlap": 2, "staleness_penalty": 1.0},
+                                  NotImplementedError, r"staleness_penalty=1.0, outer_clip=None with FSDP2"),
+                                 ({"process_group": across, "pseudo_gradient_codec": "powersgd"},
+                                  NotImplementedError, r"'powersgd' with FSDP2 shards")):
+        with pytest.raises(error, match=match):
+            gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, **kwargs)
     initial = [p.full_tensor() for p in model.parameters()]
     diloco = build(model)
     _train(diloco, model, _backward, range(20), rank)
