@@ -98,6 +98,11 @@ def test_entry_names_and_points():
     point = low_comm.self_tuning_point("DiLoCo[H=50]")
     assert (point["sync_every"], point["outer_lr"], point["outer_momentum"]) == (50, 0.7, 0.9)
     assert low_comm.self_tuning_point("DeMo")["momentum"] == 0.999
+    assert check_entry("dilocopowersgd[h=10]") == "DiLoCoPowerSGD[H=10]"
+    assert low_comm.self_tuning_point("DiLoCoPowerSGD[H=10]")["powersgd_rank"] == 4
+    built = low_comm.build("DiLoCoPowerSGD[H=10]", low_comm.self_tuning_point("DiLoCoPowerSGD[H=10]"),
+                           torch.nn.Linear(3, 2), 100)
+    assert built.optimizer.powersgd.rank == 4 and built.optimizer.sync_every == 10
     with pytest.raises(ValueError, match="sync_every=20 .* enter DiLoCo\\[H=20\\]"):
         low_comm.check_hyperparameters("DiLoCo[H=10]", {**point, "sync_every": 20})
     with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['rank'\] for 'DeMo'"):

@@ -19,6 +19,9 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
   ``torch.save`` and through ``torch.distributed.checkpoint`` (each worker's state under its own key, loaded
   into a fresh DiLoCo's ``state_dict``), loaded into a new model and DiLoCo, and a ``copy.deepcopy`` of the
   model with its DiLoCo, continue bit-identically (the sent bytes too);
+* **PowerSGD pseudo-gradients** (``pseudo_gradient_codec="powersgd-r2"``): against the paper's compression
+  written out in ``tests/references/powersgd.py`` (float64, 20 steps, within 1e-10), not the uncompressed run;
+  at full rank the uncompressed run; its bytes (three all-reduces per sync) by hand;
 * **bytes**: ``comm_stats`` equals sizes computed here by hand from the shapes;
 * **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in its
   all-reduce, is stopped at once (its all-reduce fails, or the harness ends it), well before gloo's
@@ -51,7 +54,9 @@ from tests.distributed_harness import (
     went_on,
 )
 from tests.low_comm_models import IntegerQuadratic, integer_quadratic_backward
+from tests.references.co2 import co2_outer
 from tests.references.diloco import simulate, simulate_stale
+from tests.references.powersgd import PowerSGDMeans
 
 WORLD_SIZE = 2
 #: how far a parameter must move, so that an equality is not vacuous
@@ -234,7 +239,8 @@ def _case_resume(rank: int) -> None:
                           ("CO2, saved with a sync under way", {"overlap": 3, "staleness_penalty": 1.0,
                                                                 "outer_clip": 0.1}),
                           ("int8, eager, saved with a sync under way", {"overlap": 3, "eager": True,
-                                                                        "pseudo_gradient_codec": "int8"})):
+                                                                        "pseudo_gradient_codec": "int8"}),
+                          ("PowerSGD rank 2", {"pseudo_gradient_codec": "powersgd-r2"})):
         model = _mlp()
         diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, **kwargs)
         _train(diloco, model, _backward, range(7), rank)  # one step into the third phase
@@ -318,8 +324,41 @@ def _case_bytes(rank: int) -> None:
     assert diloco.comm_stats["all_gather_bytes"] == 107, diloco.comm_stats
 
 
+def _case_powersgd(rank: int) -> None:
+    f64 = torch.float64
+
+    def run(codec):
+        model = _mlp(f64)
+        _train(gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, pseudo_gradient_codec=codec), model,
+               _backward, range(20), rank)
+        return list(model.parameters())
+
+    def reference(compress):
+        models = [_mlp(f64) for _ in range(WORLD_SIZE)]
+        return simulate(models, [_torch_adamw(m.parameters()) for m in models], _backward, f64, 20, 2, 0.7,
+                        momentum=0.9, compress=compress and compress(list(models[0].parameters())))[rank]
+
+    uncompressed = reference(None)
+    # rank 2 of the 8 x 6 and 3 x 8 weights: the paper's compression, not the uncompressed mean
+    low = run("powersgd-r2")
+    expected = reference(lambda params: PowerSGDMeans(2, params, WORLD_SIZE))
+    for i, (p, q) in enumerate(zip(low, expected, strict=True)):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-10, atol=1e-12, msg=lambda m: f"rank 2, parameter {i}: {m}")
+    assert (low[0] - uncompressed[0]).abs().max() > MOVED, "rank 2 changes nothing"
+    # at full rank (8 >= 6 and 3) the projection keeps the whole mean
+    for i, (p, q) in enumerate(zip(run("powersgd-r8"), uncompressed, strict=True)):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-10, atol=1e-12, msg=lambda m: f"full rank, {i}: {m}")
+    # float32, rank 2, two syncs: per sync the biases (8 + 3), P (8 x 2 + 3 x 2) and Q (6 x 2 + 8 x 2)
+    model = _mlp()
+    diloco = gradwise.DiLoCo(_adamw(model.parameters()), sync_every=3, pseudo_gradient_codec="powersgd-r2")
+    _train(diloco, model, _backward, range(6), rank)
+    sync = 4 * ((8 + 3) + (16 + 6) + (12 + 16))
+    assert diloco.comm_stats == {"collectives": 6, "bytes_sent": 2 * sync, "all_reduce_bytes": 2 * sync, "steps": 6,
+                                 "bytes_sent_per_step": 2 * sync / 6}, diloco.comm_stats
+
+
 CASES = {"data-parallel": _case_data_parallel, "simulation": _case_simulation, "resume": _case_resume,
-         "bytes": _case_bytes}
+         "powersgd": _case_powersgd, "bytes": _case_bytes}
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:
@@ -380,6 +419,10 @@ def test_a_worker_that_raises_stops_every_worker_with_its_error(outcomes):
     ({"outer_clip": 0.0}, r"outer_clip=0.0: expected None or a finite norm > 0"),
     ({"outer_clip": True}, r"outer_clip=True"),
     ({"pseudo_gradient_codec": "int3"}, r"invalid pseudo_gradient_codec='int3': expected one of 'fp32'"),
+    ({"pseudo_gradient_codec": "powersgd-r0"}, r"pseudo_gradient_codec='powersgd-r0': PowerSGD is spelled"),
+    ({"pseudo_gradient_codec": "powersgd4"}, r"pseudo_gradient_codec='powersgd4'"),
+    ({"pseudo_gradient_codec": "powersgd", "overlap": 2, "sync_every": 2},
+     r"pseudo_gradient_codec='powersgd' with overlap=2, eager=False.*expected overlap=0"),
     ({"pseudo_gradient_codec": "int8", "pseudo_gradient_dtype": torch.bfloat16},
      r"pseudo_gradient_codec='int8' with pseudo_gradient_dtype=torch.bfloat16: expected one of them, not both"),
 ])
@@ -417,6 +460,51 @@ def test_a_state_without_co2_gaps_is_refused_by_a_diloco_with_a_staleness_penalt
         co2.load_state_dict(plain.state_dict())
     with pytest.raises(ValueError, match=r"holds 4 staleness gaps, this DiLoCo 0"):
         plain.load_state_dict(co2.state_dict())
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_co2_outer_momentum_matches_the_authors_released_step(clip):
+    """``CO2OuterMomentum`` against the float64 rule of the authors' code, 20 steps, within 1e-12; the
+    clamp bites at 0.05 (it is what differs from the code, whose clamp is a no-op)."""
+    from gradwise.distributed import CO2OuterMomentum
+
+    g = torch.Generator().manual_seed(0)
+    theta = [torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
+    grads = [[torch.randn(t.shape, generator=g, dtype=torch.float64) * 0.1 for t in theta] for _ in range(20)]
+    params = [torch.nn.Parameter(t.clone()) for t in theta]
+    outer = CO2OuterMomentum(params, lr=0.7, momentum=0.5, gap_penalty=2.0, clip=clip)
+    for step in grads:
+        for p, d in zip(params, step):
+            p.grad = d.clone()
+        outer.step()
+    expected = co2_outer(theta, grads, 0.7, 0.5, 2.0, clip)
+    for p, q, t in zip(params, expected, theta):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-12, atol=1e-14)
+        assert (p - t).abs().max() > MOVED
+    buffers = [outer.state[p]["momentum_buffer"] for p in params]
+    assert (max(b.abs().max() for b in buffers) == 0.05) == (clip is not None)
+    unclipped = co2_outer(theta, grads, 0.7, 0.5, 2.0, None)
+    assert (clip is None) == all(torch.equal(a, b) for a, b in zip(expected, unclipped))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"lr": 0.0}, r"invalid lr=0.0"), ({"momentum": 1.0}, r"momentum=1.0"),
+                                               ({"gap_penalty": -1.0}, r"gap_penalty=-1.0"), ({"clip": 0}, r"clip=0")])
+def test_co2_outer_momentum_refuses_bad_arguments_by_name(kwargs, match):
+    from gradwise.distributed import CO2OuterMomentum
+
+    with pytest.raises(ValueError, match=match):
+        CO2OuterMomentum([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+
+
+def test_a_state_with_another_powersgd_rank_or_none_is_refused():
+    low, other, plain = (gradwise.DiLoCo(_adamw(_mlp().parameters()), sync_every=2, pseudo_gradient_codec=codec)
+                         for codec in ("powersgd-r2", "powersgd-r3", None))
+    with pytest.raises(ValueError, match=r"PowerSGD state \(rank 3\) is not one of this model's at rank 2"):
+        low.load_state_dict(other.state_dict())
+    with pytest.raises(ValueError, match=r"saved with no PowerSGD state"):
+        low.load_state_dict(plain.state_dict())
+    with pytest.raises(ValueError, match=r"saved with PowerSGD state"):
+        plain.load_state_dict(low.state_dict())
 
 
 def _same(a, b) -> bool:

@@ -14,16 +14,24 @@ modules, ``test_diloco.py`` and ``test_demo.py``, cover the rest: resume, bytes,
   int8 pseudo-gradients (all-gathered, each worker's decoded, summed in rank order) in float32, bit for bit;
 * **DeMo reference**: ``tests/references/demo.py`` with four workers over 20 steps, within 1e-10 (sign, ``q``
   itself and the Adam-like final step); the parameters are the same on every worker, the residual momenta
-  differ.
+  differ;
+* **DiLoCo over FSDP2** (a 2 x 2 mesh: two worker groups, each ``fully_shard``ing the MLP over its two ranks,
+  uneven rows; DiLoCo across the groups): H = 2 over 20 steps equals ``simulate`` of two unsharded workers,
+  each fed the mean of its group's two batches, within 1e-10; each rank sends its own rows' bytes; resumed
+  through ``torch.distributed.checkpoint`` mid-phase (each group under its own key), plainly and with a sync
+  under way, it continues bit-identically.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 import gradwise
 from gradwise.state.codec import codec_from
@@ -171,8 +179,85 @@ def _case_demo_reference(rank: int) -> None:
         assert not torch.equal(momenta[0], momenta[3]), f"{label}: the workers' momenta are the same"
 
 
+def _sharded_mlp(mesh) -> torch.nn.Sequential:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _group_backward(model, step: int, group: int) -> None:
+    """Worker ``group``'s gradient, unsharded: the mean of its two ranks' (as FSDP2 averages theirs)."""
+    for rank in (2 * group, 2 * group + 1):
+        _backward(model, step, rank)
+    for p in model.parameters():
+        p.grad /= 2
+
+
+def _case_diloco_over_fsdp2(rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    group, across = rank // 2, mesh["replicate"].get_group()
+
+    def build(model, **kwargs):
+        return gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, process_group=across, **kwargs)
+
+    model = _sharded_mlp(mesh["shard"])
+    # refused before anything is built: the default group (shard-mates too), and what needs whole tensors
+    for kwargs, error, match in (({}, ValueError, r"invalid process_group=None .* meet the shard mesh in this rank"),
+                                 ({"process_group": across, "overlap": 2, "staleness_penalty": 1.0},
+                                  NotImplementedError, r"staleness_penalty=1.0, outer_clip=None with FSDP2"),
+                                 ({"process_group": across, "pseudo_gradient_codec": "powersgd"},
+                                  NotImplementedError, r"'powersgd' with FSDP2 shards")):
+        with pytest.raises(error, match=match):
+            gradwise.DiLoCo(_adamw(model.parameters()), sync_every=2, **kwargs)
+    initial = [p.full_tensor() for p in model.parameters()]
+    diloco = build(model)
+    _train(diloco, model, _backward, range(20), rank)
+    models = [_mlp() for _ in range(2)]
+    expected = simulate(models, [_torch_adamw(m.parameters()) for m in models], _group_backward, torch.float64, 20,
+                        2, 0.7, momentum=0.9)[group]
+    full = [p.full_tensor() for p in model.parameters()]
+    for p, before in zip(full, initial):
+        assert (p - before).abs().max() > MOVED, "a parameter barely moved; the check is vacuous"
+    _assert_close("over FSDP2", full, expected)
+    # this rank's rows, 8 bytes each, at each of the 10 syncs: 4 + 4 rows of the first layer, 2 + 1 of the second
+    rows = (4 * 6 + 4 + 2 * 8 + 2) if rank % 2 == 0 else (4 * 6 + 4 + 1 * 8 + 1)
+    assert diloco.comm_stats["all_reduce_bytes"] == 10 * 8 * rows, diloco.comm_stats
+    # saved one step into the third phase; and after the third sync, its all-reduce still under way
+    for label, kwargs, saved_at in (("plain", {}, 5), ("a sync under way", {"overlap": 1, "merge_alpha": 0.5}, 6)):
+        model = _sharded_mlp(mesh["shard"])
+        diloco = build(model, **kwargs)
+        _train(diloco, model, _backward, range(saved_at), rank)
+        assert bool(diloco.pending) == bool(kwargs), label
+        directory = os.path.join(tempfile.gettempdir(), f"gradwise-hsdp-dcp-{os.getppid()}", label)
+        key = f"group{group}"  # a worker group's ranks share its DTensors
+        dcp.save({key: {"model": model.state_dict(), "diloco": diloco.state_dict()}}, checkpoint_id=directory)
+        resumed_model = _sharded_mlp(mesh["shard"])
+        with torch.no_grad():
+            for p in resumed_model.parameters():
+                p.zero_()  # so that parameters not loaded would show
+        resumed = build(resumed_model, **kwargs)
+        target = {key: {"model": resumed_model.state_dict(), "diloco": resumed.state_dict()}}
+        dcp.load(target, checkpoint_id=directory)
+        resumed_model.load_state_dict(target[key]["model"])
+        resumed.load_state_dict(target[key]["diloco"])
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(directory)
+        for m, d in ((model, diloco), (resumed_model, resumed)):
+            _train(d, m, _backward, range(saved_at, 11), rank)
+        for p, q in zip(model.parameters(), resumed_model.parameters(), strict=True):
+            assert torch.equal(p.to_local(), q.to_local()), f"{label}: resumed through DCP vs uninterrupted"
+        assert resumed.comm_stats == diloco.comm_stats, label
+
+
 CASES = {"data-parallel": _case_data_parallel, "diloco reference": _case_diloco_reference,
-         "demo reference": _case_demo_reference}
+         "demo reference": _case_demo_reference, "diloco over fsdp2": _case_diloco_over_fsdp2}
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:

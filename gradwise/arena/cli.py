@@ -72,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      " only, not the time budget (results then do not depend on the machine's load)")
     run.add_argument("--threads", type=_positive(int), default=1, help="torch threads per trial (per worker)")
     run.add_argument("--workers-per-trial", type=_positive(int), default=1,
-                     help="gloo workers per trial: recipes run data-parallel, DiLoCo[H=h], StreamingDiLoCo[H=h], DeMo"
-                          " and PowerSGD[r=r] as themselves; scored on measured + simulated link time")
+                     help="gloo workers per trial: recipes run data-parallel, DiLoCo[H=h], StreamingDiLoCo[H=h],"
+                          " DiLoCoPowerSGD[H=h], DeMo and PowerSGD[r=r] as themselves; scored on measured +"
+                          " simulated link time")
     run.add_argument("--link-bandwidth", type=_positive(float), default=1e9 / 8,
                      help="the simulated link's bytes per second (default 1.25e8: 1 Gbit/s)")
     run.add_argument("--link-latency", type=_non_negative, default=1e-4,

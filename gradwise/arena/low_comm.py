@@ -10,6 +10,8 @@ Entries (``gradwise arena run --workers-per-trial N --optimizers ...``), each on
 * ``StreamingDiLoCo[H=h]``: the same with Streaming DiLoCo's fragments (Douillard et al. 2025): 2 fragments
   (at most the parameter count) synced at staggered steps, each sync overlapped with 1 inner step and merged with
   alpha 0.5 (our setting, not tuned);
+* ``DiLoCoPowerSGD[H=h]``: ``DiLoCo[H=h]`` with its pseudo-gradients compressed by PowerSGD at rank 4
+  (``pseudo_gradient_codec="powersgd-r4"``: warm-started Q, error feedback per worker);
 * ``DeMo``: ``gradwise.DeMo`` at the authors' defaults (bloc97/DeMo: momentum decay 0.999, top-32 of each 64 x 64
   DCT chunk, no weight decay, the sign step), AdamW's lr 2e-3 and the arena's warmup and cosine decay;
 * ``PowerSGD[r=r]``: DDP with torch's PowerSGD hook (``gradwise.distributed.powersgd``): rank ``r``, error
@@ -28,13 +30,15 @@ from torch import Tensor, nn
 from gradwise.core.collectives import Traffic
 
 #: entry -> the name of its bracketed integer (None: no bracket)
-METHODS = {"DiLoCo": "H", "StreamingDiLoCo": "H", "PowerSGD": "r", "DeMo": None}
+METHODS = {"DiLoCo": "H", "StreamingDiLoCo": "H", "DiLoCoPowerSGD": "H", "PowerSGD": "r", "DeMo": None}
 #: the keys each method adds to AdamW's point (DeMo's are its own keywords)
 METHOD_KEYS = {"DiLoCo": ("sync_every", "outer_lr", "outer_momentum"),
                "StreamingDiLoCo": ("sync_every", "outer_lr", "outer_momentum", "fragments", "overlap", "merge_alpha"),
+               "DiLoCoPowerSGD": ("sync_every", "outer_lr", "outer_momentum", "powersgd_rank"),
                "PowerSGD": ("rank", "start_powerSGD_iter"),
                "DeMo": ("lr", "momentum", "chunk", "topk", "weight_decay", "sign")}
-_BRACKET_KEY = {"DiLoCo": "sync_every", "StreamingDiLoCo": "sync_every", "PowerSGD": "rank"}
+_BRACKET_KEY = {"DiLoCo": "sync_every", "StreamingDiLoCo": "sync_every", "DiLoCoPowerSGD": "sync_every",
+                "PowerSGD": "rank"}
 _NAME = re.compile(r"(\w+)(?:\[(\w+)=(\d+)\])?")
 
 
@@ -74,6 +78,8 @@ def self_tuning_point(name: str) -> dict[str, Any]:
     point = {**adamw, "sync_every": value, "outer_lr": 0.7, "outer_momentum": 0.9}
     if method == "StreamingDiLoCo":
         point.update(fragments=2, overlap=1, merge_alpha=0.5)
+    if method == "DiLoCoPowerSGD":
+        point.update(powersgd_rank=4)
     return point
 
 
@@ -133,13 +139,15 @@ def build(name: str, hyperparameters: dict[str, Any], model: nn.Module, total_st
     if method == "DeMo":
         demo = gradwise.DeMo(model.parameters(), **own)
         return Method(model, demo, lr_schedule(demo, point, total_steps), demo.traffic)
-    if method in ("DiLoCo", "StreamingDiLoCo"):
+    if method in ("DiLoCo", "StreamingDiLoCo", "DiLoCoPowerSGD"):
         inner, schedule = build_optimizer("AdamW", point, model.parameters(), total_steps)
         count = sum(1 for _ in model.parameters())
         diloco = gradwise.DiLoCo(inner, outer=_outer_nesterov(own.get("outer_momentum", 0.9)),
                                  outer_lr=own.get("outer_lr", 0.7), sync_every=own["sync_every"],
                                  fragments=min(own.get("fragments", 1), count), overlap=own.get("overlap", 0),
-                                 merge_alpha=own.get("merge_alpha", 0.0))
+                                 merge_alpha=own.get("merge_alpha", 0.0),
+                                 pseudo_gradient_codec=f"powersgd-r{own['powersgd_rank']}" if "powersgd_rank" in own
+                                 else None)
         return Method(model, diloco, schedule, diloco.traffic, diloco.synced)
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer, schedule = build_optimizer("AdamW" if method == "PowerSGD" else name, point, model.parameters(),

@@ -50,10 +50,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gradwise.core.collectives import Traffic, all_gather_started, all_reduce_started, deepcopy_on_group
-from gradwise.core.params import DTensor
 from gradwise.distributed.co2 import clip_, penalize_
 from gradwise.distributed.diloco_state import DiLoCoState, Pending
 from gradwise.distributed.encoded import EncodedBucket
+from gradwise.distributed.low_rank import PowerSGDPseudoGradients, powersgd_rank
+from gradwise.distributed.sharded import check_sharded, like, shard
 from gradwise.state.codec import codec_from
 
 
@@ -108,8 +109,14 @@ class DiLoCo(DiLoCoState):
                                                       and pseudo_gradient_dtype.is_floating_point):
             raise ValueError(f"invalid pseudo_gradient_dtype={pseudo_gradient_dtype!r}: expected None or a"
                              " floating-point torch.dtype (e.g. torch.bfloat16)")
-        codec = codec_from(pseudo_gradient_codec, "pseudo_gradient_codec") if pseudo_gradient_codec is not None \
-            else None
+        low_rank = powersgd_rank(pseudo_gradient_codec)
+        codec = codec_from(pseudo_gradient_codec, "pseudo_gradient_codec") \
+            if pseudo_gradient_codec is not None and low_rank is None else None
+        if low_rank is not None and (overlap or eager or pseudo_gradient_dtype is not None):
+            raise ValueError(f"invalid pseudo_gradient_codec={pseudo_gradient_codec!r} with overlap={overlap!r},"
+                             f" eager={eager!r}, pseudo_gradient_dtype={pseudo_gradient_dtype!r}: PowerSGD's two"
+                             " all-reduces depend on each other and block; expected overlap=0, eager=False and"
+                             " no pseudo_gradient_dtype")
         if codec is not None and pseudo_gradient_dtype is not None:
             raise ValueError(f"invalid pseudo_gradient_codec={pseudo_gradient_codec!r} with pseudo_gradient_dtype="
                              f"{pseudo_gradient_dtype!r}: expected one of them, not both")
@@ -135,10 +142,11 @@ class DiLoCo(DiLoCoState):
         if process_group is not None and not dist.is_initialized():
             raise ValueError(f"invalid process_group={process_group!r}: torch.distributed is not initialized")
         params = [p for g in inner.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
-            if isinstance(p, DTensor):
-                raise NotImplementedError(f"inner's parameter {i} is a DTensor: DiLoCo averages whole replicas"
-                                          " (plain tensors, one full copy per worker), not FSDP shards")
+        #: FSDP2 inside each worker: the parameters are DTensors, each rank's rows averaged across the groups
+        self.sharded = check_sharded(params, process_group, staleness_penalty, outer_clip)
+        if self.sharded and low_rank is not None:
+            raise NotImplementedError(f"pseudo_gradient_codec={pseudo_gradient_codec!r} with FSDP2 shards: PowerSGD"
+                                      " compresses whole matrices (Q = M^T P sums over every row), not a rank's rows")
         if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= len(params):
             raise ValueError(f"invalid fragments={fragments!r}: expected an int from 1 to the number of"
                              f" parameters ({len(params)})")
@@ -148,6 +156,8 @@ class DiLoCo(DiLoCoState):
         self.process_group = process_group
         self.pseudo_gradient_dtype = pseudo_gradient_dtype
         self.codec = codec
+        #: PowerSGD's warm-start Q and error feedback, with ``pseudo_gradient_codec="powersgd"``
+        self.powersgd = PowerSGDPseudoGradients(low_rank, params) if low_rank is not None else None
         #: each (fragment, bucket)'s encoded layout, with a codec
         self.encoded: dict[tuple[int, int], EncodedBucket] = {}
         self.overlap = overlap
@@ -224,8 +234,12 @@ class DiLoCo(DiLoCoState):
         """Each worker's pseudo-gradient of ``fragment``, in one buffer per device and dtype, all-reducing."""
         buffers, works, own = [], [], []
         for b, members in enumerate(self._buckets(fragment)):
-            flat = torch.cat([(self.synced[i] - self.params[i]).reshape(-1) for i in members])
-            if self.codec is not None:  # the encoded bytes, all-gathered: a list of every worker's
+            flat = torch.cat([(shard(self.synced[i]) - shard(self.params[i])).reshape(-1) for i in members])
+            if self.powersgd is not None:  # compressed and averaged now (blocking); kept as a sum, as the others
+                means = self.powersgd.mean(dict(zip(members, flat.split([self.params[i].numel() for i in members]))),
+                                           self.process_group, self.world, self.traffic)
+                sent, work = torch.cat([means[i].reshape(-1) for i in members]).mul_(self.world), None
+            elif self.codec is not None:  # the encoded bytes, all-gathered: a list of every worker's
                 encoded = self.encoded.setdefault((fragment, b), EncodedBucket(self.codec, flat.numel(), flat.dtype))
                 payload = encoded.payload(flat, self.local_step)
                 if self.eager:
@@ -265,7 +279,7 @@ class DiLoCo(DiLoCoState):
                 self._apply(previous)
             else:
                 for i in self.fragments[started.fragment]:
-                    self.params[i].copy_(self.synced[i])
+                    shard(self.params[i]).copy_(shard(self.synced[i]))
             return
         if previous is not None:
             previous.wait()
@@ -284,13 +298,13 @@ class DiLoCo(DiLoCoState):
     def _outer_step(self, fragment: int, means: list[tuple[list[int], Tensor]]) -> None:
         """``fragment``'s outer step on the given mean pseudo-gradients (flat, one per bucket); the worker
         restarts from (or merges with) the outer copy."""
-        deltas = [(i, delta.view_as(self.synced[i])) for members, mean in means
-                  for i, delta in zip(members, mean.split([self.params[i].numel() for i in members]))]
+        deltas = [(i, delta.view_as(shard(self.synced[i]))) for members, mean in means
+                  for i, delta in zip(members, mean.split([shard(self.params[i]).numel() for i in members]))]
         for i, delta in deltas:
             if self.gaps:
                 penalize_(delta, self.gaps[i], self.staleness_penalty)
                 self.gaps[i].copy_(self.synced[i])
-            self.synced[i].grad = delta
+            self.synced[i].grad = like(delta, self.synced[i])
         if self.outer_clip is not None:
             clip_([delta for _, delta in deltas], self.outer_clip)
         self.outer[fragment].step()
@@ -299,9 +313,9 @@ class DiLoCo(DiLoCoState):
             if self.gaps:  # the step just taken: theta_new - theta_old
                 self.gaps[i].sub_(self.synced[i]).neg_()
             if self.merge_alpha:
-                self.params[i].lerp_(self.synced[i], 1 - self.merge_alpha)
+                shard(self.params[i]).lerp_(shard(self.synced[i]), 1 - self.merge_alpha)
             else:
-                self.params[i].copy_(self.synced[i])
+                shard(self.params[i]).copy_(shard(self.synced[i]))
 
     @property
     def comm_stats(self) -> dict[str, Any]:
@@ -321,6 +335,7 @@ class DiLoCo(DiLoCoState):
     def __repr__(self) -> str:
         dtype = "" if self.pseudo_gradient_dtype is None else f", pseudo_gradient_dtype={self.pseudo_gradient_dtype}"
         dtype += "" if self.codec is None else f", pseudo_gradient_codec={self.codec.tag!r}"
+        dtype += "" if self.powersgd is None else f", pseudo_gradient_codec='powersgd-r{self.powersgd.rank}'"
         fragments = "" if len(self.fragments) == 1 else f", fragments={len(self.fragments)}"
         overlap = f", overlap={self.overlap}, merge_alpha={self.merge_alpha}" if self.overlap else ""
         overlap += ", eager=True" if self.eager else ""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from gradwise.core.collectives import Traffic
 from gradwise.distributed.layout import load_optimizer_layout, optimizer_layout
+from gradwise.distributed.sharded import flat_of, per_parameter, shard, traffic_from, traffic_state
 
 
 @dataclass
@@ -54,7 +55,7 @@ class DiLoCoState:
             pending = next((p for p in self.pending if p.fragment == f), None)
             if pending is None:
                 first = [self.params[members[0]] for members in self._buckets(f)]
-                summed = [torch.zeros(sum(self.params[i].numel() for i in members), device=p.device,
+                summed = [torch.zeros(sum(shard(self.params[i]).numel() for i in members), device=p.device,
                                       dtype=self.pseudo_gradient_dtype or p.dtype)
                           for members, p in zip(self._buckets(f), first)]
                 slots.append({"apply_at": -1, "summed": summed,
@@ -64,11 +65,21 @@ class DiLoCoState:
                               "summed": [self._summed(pending, b).clone() if self.codec else summed.clone()
                                          for b, (_, summed) in enumerate(pending.buffers)],
                               "own": None if pending.own is None else [t.clone() for t in pending.own]})
-        return {"inner": optimizer_layout(self.inner), "outer": [optimizer_layout(o) for o in self.outer],
-                "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
-                "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
-                "eager": self.eager, "pending": slots, "traffic": self.traffic.state_dict(("all_reduce", "all_gather")),
-                "gaps": [g.clone() for g in self.gaps]}
+        traffic = self.traffic.state_dict(("all_reduce", "all_gather"))
+        if self.sharded:  # what differs between the ranks of a worker group, as DTensors (``sharded``)
+            for f, slot in enumerate(slots):
+                for key in ("summed", "own"):
+                    if slot[key] is not None:
+                        slot[key] = [per_parameter(t, [self.params[i] for i in members])
+                                     for t, members in zip(slot[key], self._buckets(f))]
+            traffic = traffic_state(traffic, self.params[0])
+        state = {"inner": optimizer_layout(self.inner), "outer": [optimizer_layout(o) for o in self.outer],
+                 "synced": [s.clone() for s in self.synced], "local_step": self.local_step,
+                 "sync_every": self.sync_every, "fragments": len(self.fragments), "overlap": self.overlap,
+                 "eager": self.eager, "pending": slots, "traffic": traffic, "gaps": [g.clone() for g in self.gaps]}
+        if self.powersgd is not None:
+            state["powersgd"] = self.powersgd.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: mid-phase too, bit-identically. Checked before anything is written."""
@@ -91,14 +102,19 @@ class DiLoCoState:
             raise ValueError(f"DiLoCo.load_state_dict: the state holds {len(gaps)} staleness gaps, this DiLoCo"
                              f" {len(self.gaps)} (staleness_penalty={self.staleness_penalty}); build it with a"
                              " staleness penalty exactly when the saved one had one")
+        if (self.powersgd is None) != ("powersgd" not in state):
+            raise ValueError("DiLoCo.load_state_dict: the state was saved with" + (" no" if self.powersgd else "")
+                             + " PowerSGD state; build it with the saved pseudo_gradient_codec")
+        if self.powersgd is not None:
+            self.powersgd.check(state["powersgd"])
         # a slot per fragment (apply_at -1: none under way), or, saved before that layout, a list of the
         # syncs under way, each naming its fragment
         pending = [{"fragment": p.get("fragment", f), "apply_at": p["apply_at"],
-                    "summed": [t.clone() for t in p["summed"]],
-                    "own": None if p.get("own") is None else [t.clone() for t in p["own"]]}
+                    "summed": [_flat(t) for t in p["summed"]],
+                    "own": None if p.get("own") is None else [_flat(t) for t in p["own"]]}
                    for f, p in enumerate(state["pending"]) if p["apply_at"] >= 0]
         for p in pending:
-            sizes = [sum(self.params[i].numel() for i in members) for members in self._buckets(p["fragment"])]
+            sizes = [sum(shard(self.params[i]).numel() for i in members) for members in self._buckets(p["fragment"])]
             if any([t.numel() for t in buffers] != sizes for buffers in (p["summed"], p["own"] or p["summed"])):
                 raise ValueError(f"DiLoCo.load_state_dict: a pending sync of fragment {p['fragment']} holds"
                                  f" {[t.numel() for t in p['summed']]} elements, this model's {sizes}")
@@ -111,8 +127,16 @@ class DiLoCoState:
         with torch.no_grad():
             for s, saved in zip(self.synced + self.gaps, synced + gaps):
                 s.copy_(saved)
+        if self.powersgd is not None:
+            self.powersgd.load_state_dict(state["powersgd"])
         self.local_step = int(state["local_step"])
         pending.sort(key=lambda p: (p["apply_at"], p["fragment"]))  # the queue's order: oldest first
         self.pending = [Pending(p["fragment"], p["apply_at"], list(zip(self._buckets(p["fragment"]), p["summed"])),
                                 [None] * len(p["summed"]), p["own"]) for p in pending]
-        self.traffic = Traffic.from_state_dict(state["traffic"])
+        traffic = state["traffic"]
+        self.traffic = Traffic.from_state_dict(traffic if isinstance(traffic, dict) else traffic_from(traffic))
+
+
+def _flat(saved: Tensor | list[Tensor]) -> Tensor:
+    """A bucket's saved buffer, flat (saved under FSDP2: one DTensor per parameter)."""
+    return flat_of(saved) if isinstance(saved, list) else saved.clone()

@@ -23,11 +23,12 @@ import torch
 
 def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer_lr: float, momentum: float,
              fragments: int = 1, comm_dtype=None, overlap: int = 0, alpha: float = 0.0,
-             codec=None) -> list[list[torch.Tensor]]:
+             codec=None, compress=None) -> list[list[torch.Tensor]]:
     """Each worker's parameters after ``steps`` inner steps of DiLoCo (``backward(model, step, rank)`` fills
     the gradients). ``codec`` (a ``gradwise.state`` codec): each worker's pseudo-gradient of a fragment (its
     parameters flattened one after the other, as one buffer) encoded and decoded, the decoded values summed
-    in worker order, then divided by the workers."""
+    in worker order, then divided by the workers. ``compress`` (``tests/references/powersgd.py``'s
+    ``PowerSGDMeans``): called as ``compress(indices, synced, worker_params)``, it gives each index's mean."""
     world = len(models)
     params = [list(m.parameters()) for m in models]
     n = len(params[0])
@@ -42,7 +43,9 @@ def simulate(models, inners, backward, dtype, steps: int, sync_every: int, outer
         for f in range(fragments):
             if (step + f * sync_every // fragments) % sync_every == 0:
                 indices = range(f * n // fragments, (f + 1) * n // fragments)
-                if codec is None:
+                if compress is not None:
+                    means = compress(list(indices), synced, params)
+                elif codec is None:
                     means = {i: mean_pseudo_gradient(synced[i], [p[i] for p in params], dtype, comm_dtype)
                              for i in indices}
                 else:
