@@ -11,6 +11,10 @@ untimed ones (a compile, if any, happens there); the table shows the median over
 per step and as a ratio to torch's default in the same rounds. The machine's load is printed with it.
 Times are this process's CPU time (``time.process_time``): every step runs on one thread, so on a shared
 machine the time other processes hold the core does not count, as wall-clock time would.
+
+``--schedule`` steps every row as an arena trial does (``gradwise.arena.runner.run_trial``): ``train()`` where
+the optimizer has one, ``step()``, then the arena's learning-rate schedule (``submissions.lr_schedule``: linear
+warmup over 5% of the run's steps, then cosine decay), which sets ``lr`` before every step; all three are timed.
 """
 from __future__ import annotations
 
@@ -68,20 +72,39 @@ def build(row: str, params: list):
     return cls(copies, **HYPER, **extra)
 
 
-def measure(params: list, rows: list[str], rounds: int, steps: int) -> dict[str, float]:
+def stepper(optimizer, schedule: bool, total: int):
+    """One step of ``optimizer`` as the bench times it: ``step()``, or with ``schedule`` a trial's loop
+    (``train()`` where the optimizer has one, ``step()``, the arena's LR schedule over ``total`` steps)."""
+    if not schedule:
+        return optimizer.step
+    from gradwise.arena.runner import has_modes
+    from gradwise.arena.submissions import lr_schedule
+
+    lr = lr_schedule(optimizer, {}, total)
+    modes = has_modes(optimizer)
+
+    def step() -> None:
+        if modes:
+            optimizer.train()
+        optimizer.step()
+        lr.step()
+    return step
+
+
+def measure(params: list, rows: list[str], rounds: int, steps: int, schedule: bool = False) -> dict[str, float]:
     """Median microseconds per step of each row over ``rounds`` rounds."""
-    optimizers = {row: build(row, params) for row in rows}
-    for optimizer in optimizers.values():
+    steppers = {row: stepper(build(row, params), schedule, WARMUP + rounds * steps) for row in rows}
+    for step in steppers.values():
         for _ in range(WARMUP):
-            optimizer.step()
+            step()
     times: dict[str, list[float]] = {row: [] for row in rows}
     for r in range(rounds):
         order = rows[r % len(rows):] + rows[:r % len(rows)]
         for row in order:
-            optimizer = optimizers[row]
+            step = steppers[row]
             start = time.process_time()
             for _ in range(steps):
-                optimizer.step()
+                step()
             times[row].append((time.process_time() - start) / steps * 1e6)
     return {row: statistics.median(values) for row, values in times.items()}
 
@@ -97,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=positive_int_argument, default=20, metavar="N", help="steps per round")
     parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T",
                         help="torch.set_num_threads for the run")
+    parser.add_argument("--schedule", action="store_true",
+                        help="step as an arena trial does: train(), step(), the arena's warmup-cosine LR schedule")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     names = args.sets.split(",")
@@ -106,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     rows = list(ROWS)
-    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); CPU microseconds per step (x torch default)")
+    how = "trial step (train, step, LR schedule)" if args.schedule else "step"
+    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); CPU microseconds per {how} (x torch default)")
     print(f"{'set':<22}{'params':>8}" + "".join(f"{row:>22}" for row in rows))
     results = {}
     for name, params in parameter_sets(names).items():
-        medians = measure(params, rows, args.rounds, args.steps)
+        medians = measure(params, rows, args.rounds, args.steps, args.schedule)
         base = medians["torch default"]
         results[name] = {"tensors": len(params), "numel": sum(p.numel() for p in params), "us_per_step": medians}
         cells = "".join(f"{f'{us:,.0f} ({us / base:.2f}x)':>22}" for us in medians.values())

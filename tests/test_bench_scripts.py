@@ -2,6 +2,7 @@
 that names a measurement runs that measurement alone."""
 from __future__ import annotations
 
+import math
 import runpy
 import sys
 from pathlib import Path
@@ -43,5 +44,27 @@ def test_a_named_measurement_runs_alone(capsys):
 
 def test_overhead_times_every_row_on_a_small_set(capsys):
     assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
+    assert line.count("x)") == len(bench_overhead.ROWS) and "(1.00x)" in line
+
+
+def test_overhead_schedule_sets_lr_before_every_step_as_a_trial(capsys):
+    import torch
+
+    import gradwise
+
+    params = [torch.nn.Parameter(torch.ones(3))]
+    params[0].grad = torch.ones(3)
+    optimizer = gradwise.AdamW(params, lr=1e-3)
+    step = bench_overhead.stepper(optimizer, True, total=40)
+    seen = []
+    for _ in range(4):
+        seen.append(optimizer.param_groups[0]["lr"])
+        step()
+    # warmup over 5% of 40 steps (2), then cosine to 0 at step 40: lr set before every step
+    expected = [1e-3 * k / 2 for k in (1, 2)] + [1e-3 * 0.5 * (1 + math.cos(math.pi * k / 38)) for k in (0, 1)]
+    assert seen == pytest.approx(expected, rel=1e-12) and seen[3] < seen[2]
+    assert int(optimizer.state[params[0]]["step"]) == 4
+    assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1", "--schedule"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
     assert line.count("x)") == len(bench_overhead.ROWS) and "(1.00x)" in line

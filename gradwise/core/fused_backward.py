@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
+from gradwise.core.hyper_check import check_hyperparameters
 from gradwise.core.params import DTensor, param_label
-from gradwise.core.state_check import check_hyperparameters
 from gradwise.core.transform import uses
 
 #: parameter -> the handle whose hook updates it, so that two optimizers never both step one tensor.

@@ -213,7 +213,6 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         check_step(self)
 
     # ----------------------------------------------------------------- train and eval points
-    @torch.no_grad()
     def train(self, mode: bool = True) -> "Optimizer":
         """Put the parameters at the point gradients are taken at (``mode=False``: as ``eval()``).
 
@@ -227,8 +226,15 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         """
         boolean("mode", mode)
         target = "train" if mode else "eval"
-        if target == self.mode:
+        if target == self.mode:  # (a training loop calls train() every step: no no_grad() context for nothing)
             return self
+        with torch.no_grad():
+            self._move_to(target)
+        self.mode = target
+        return self
+
+    def _move_to(self, target: str) -> None:
+        """Move every parameter from the current mode's point to ``target``'s (``train``)."""
         if self._has_modes():
             for group in self.param_groups:
                 transform = self.transform.for_group(group)  # the chain whose keys the state has
@@ -238,8 +244,6 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
                         own = self.storage.decoded(state, p)  # set_mode only reads the state
                         view = torch.view_as_real(local(p)) if p.is_complex() else local(p)
                         transform.set_mode(target, view, own, group)
-        self.mode = target
-        return self
 
     def eval(self) -> "Optimizer":
         """Put the parameters at the point to evaluate the model at (see ``train``)."""

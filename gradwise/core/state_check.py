@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core.hyper import choice, non_negative_int
+from gradwise.core.hyper_check import Checked, check_hyperparameters, shape_signature
 from gradwise.core.params import DTensor, local, param_label
 from gradwise.core.sharding import sharding
 from gradwise.core.state_keys import MARK, layout, parts_of
@@ -44,48 +45,6 @@ def expected_state(optimizer, p: Tensor, group: Mapping[str, Any], resolved: tup
     return cache[key]
 
 
-def shape_signature(optimizer, group: Mapping[str, Any]) -> tuple:
-    """What decides the shapes of a group's state: its static hyperparameters and which
-    ``zero_is_identity`` ones are zero (``trace`` keeps no buffer without momentum), not the numbers
-    a scheduler changes every step."""
-    return tuple((k, repr(group[k]) if spec.static else float(group[k]) != 0.0)
-                 for k, spec in optimizer.hyper_specs.items() if k in group and (spec.static or spec.zero_is_identity))
-
-
-def check_hyperparameters(optimizer, group: Mapping[str, Any], last: tuple | None = None) -> tuple | None:
-    """Every hyperparameter the optimizer reads, as ``group`` holds it now (a scheduler may have set it).
-
-    Returns what ``last`` takes at the next check of this group: ``(group, fingerprint)``, the
-    fingerprint of the values checked (plain values with their types, so that ``1`` is not ``True``;
-    lists copied, so that a change in place is seen). A group holding what it held at the check that
-    returned ``last`` is not checked again. A value of any other kind (a tensor, which may change in
-    place) has no fingerprint: its group is checked every time."""
-    values = _fingerprint(group[key] for key in optimizer.hyper_specs)
-    if values is not None and last is not None and last[0] is group and last[1] == values:
-        return last
-    for key, spec in optimizer.hyper_specs.items():
-        spec.validate(key, group[key])
-    return None if values is None else (group, values)
-
-
-_PLAIN = (bool, int, float, str, type(None))
-
-
-def _fingerprint(values) -> tuple | None:
-    """``((type, value), ...)`` of plain values (tuples and lists of them as tuples), or None."""
-    out = []
-    for value in values:
-        if type(value) in (tuple, list):
-            if not all(type(v) in _PLAIN for v in value):
-                return None
-            out.append((type(value), tuple((type(v), v) for v in value)))
-        elif type(value) in _PLAIN:
-            out.append((type(value), value))
-        else:
-            return None
-    return tuple(out)
-
-
 def check_step(optimizer) -> None:
     """Everything a step can check before its first write, for every group: hyperparameters, each
     gradient's layout, whether the chain accepts each parameter, and the shapes of existing state.
@@ -93,7 +52,8 @@ def check_step(optimizer) -> None:
     A step of a small model spends most of its time here and in the engine's Python, so the loop over
     parameters does the least each needs: one test of the gradient's layout (the error comes from
     ``_refuse_gradient``), and the state's shapes against the expected ones of the parameter's shape
-    and dtype, looked up once per group and layout and kept between steps while the group is unchanged."""
+    and dtype, looked up once per group and layout and kept between steps while the group's chain and
+    ``shape_signature`` are unchanged (a schedule's new ``lr`` keeps them: ``core/hyper_check.py``)."""
     last = optimizer.__dict__.get("_checked_groups", ())
     checked = [check_hyperparameters(optimizer, group, last[index] if index < len(last) else None)
                for index, group in enumerate(optimizer.param_groups)]
@@ -115,7 +75,7 @@ def check_step(optimizer) -> None:
                 expected_of = _expected_of(kept_specs, specs, index, checked[index], chain_of(group))
             expected = expected_of.get((shape, dtype))
             if expected is None:  # ``init`` on the meta device: it may refuse the parameter
-                resolved = resolved or (specs[index][1], shape_signature(optimizer, group))
+                resolved = resolved or (specs[index][1], checked[index].signature)
                 expected = expected_of[shape, dtype] = expected_state(optimizer, p, group, resolved)
             own = states.get(p)
             if not own:
@@ -132,13 +92,14 @@ def check_step(optimizer) -> None:
     optimizer._group_specs = specs
 
 
-def _expected_of(kept: Mapping[int, tuple], specs: dict[int, tuple], index: int, checked: tuple | None,
+def _expected_of(kept: Mapping[int, tuple], specs: dict[int, tuple], index: int, checked: Checked,
                  transform) -> dict[tuple, Spec]:
     """Group ``index``'s ``{(shape, dtype): expected state}``, recorded in ``specs``: the one of the last
-    step while the group holds the hyperparameters it held then (``checked``, what
-    ``check_hyperparameters`` returned, is then that step's object) and resolves to the same chain."""
+    step while it is the same group, resolving to the same chain, with the same ``shape_signature``
+    (``checked``, what ``check_hyperparameters`` returned, holds it)."""
     last = kept.get(index)
-    same = last is not None and checked is not None and last[0] is checked and last[1] is transform
+    same = last is not None and last[0].group is checked.group and last[0].signature == checked.signature \
+        and last[1] is transform
     specs[index] = (checked, transform, last[2] if same else {})
     return specs[index][2]
 
