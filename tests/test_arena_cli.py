@@ -283,3 +283,17 @@ def test_set_targets_procedure(tmp_path):
     assert committed_target("digits_cnn", path) == entry["target"] and set(load_targets(path)) == {"digits_cnn"}
     with pytest.raises(ValueError, match="'lstsq_ill_conditioned' has an analytic target"):
         set_target(store, "lstsq_ill_conditioned", trials=1, seeds=1)
+
+
+def test_set_targets_prints_a_diverged_tuning_trial(capsys):
+    # a diverged Halton point has no best metric: the line says so instead of failing the whole procedure
+    from types import SimpleNamespace
+
+    from gradwise.arena.cli import print_tuning_trial
+
+    point, config = SimpleNamespace(name="target:heavy-ball"), SimpleNamespace(index=3)
+    print_tuning_trial(point, config, {"metric": "loss", "best_metric": None})
+    print_tuning_trial(point, config, {"metric": "loss", "best_metric": 3.89812})
+    print_tuning_trial(point, config, None)
+    assert capsys.readouterr().out.splitlines() == ["  target:heavy-ball #3: best loss diverged (no finite metric)",
+                                                    "  target:heavy-ball #3: best loss 3.898"]

@@ -257,8 +257,7 @@ def cmd_set_targets(args) -> int:
     for w in workloads:
         results[w] = set_target(store, w, trials=args.trials, seeds=args.seeds, threads=args.threads,
                                 workers=args.workers, budget_scale=args.budget_scale,
-                                on_trial=lambda p, c, r: r and print(
-                                    f"  {p.name} #{c.index}: best {r['metric']} {r['best_metric']:.4g}"))
+                                on_trial=print_tuning_trial)
         results[w]["command"] = _set_targets_command(args)
         print(f"{w}: target {results[w]['metric']} {results[w]['target']:.4g} ({results[w]['algorithm']},"
               f" per seed {[round(v, 4) for v in results[w]['per_seed_best']]})")
@@ -266,6 +265,14 @@ def cmd_set_targets(args) -> int:
         write_targets(results)
         print("wrote gradwise/arena/targets.json")
     return 0
+
+
+def print_tuning_trial(point, config, record) -> None:
+    """One line per finished tuning trial; a trial that diverged has no best metric and says so."""
+    if record:
+        best = record["best_metric"]
+        shown = "diverged (no finite metric)" if best is None else f"{best:.4g}"
+        print(f"  {point.name} #{config.index}: best {record['metric']} {shown}")
 
 
 def _set_targets_command(args) -> str:
