@@ -54,10 +54,10 @@ def test_example_submission_runs_through_the_cli_into_the_store(tmp_path, capsys
     spec = study["spec"]
     assert spec["ruleset"] == "external" and spec["submission"] == "algoperf_adamw" and study["pending"] == 0
     assert spec["sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
-    assert spec["max_steps"] == spec["step_hint"] == 30  # 3000 * 0.01, no 1.5x for external tuning
+    assert spec["max_steps"] == spec["step_hint"] == 40  # 4000 * 0.01, no 1.5x for external tuning
     assert [r["hyperparameters"] for r in study["records"]] == POINTS[:2]
     for record in study["records"]:
-        assert record["steps"] == 30 and record["batch_size"] == 64 and record["curve"][-1]["step"] == 30
+        assert record["steps"] == 40 and record["batch_size"] == 64 and record["curve"][-1]["step"] == 40
         assert record["state_bytes"] >= 8 * record["params"] == 800  # AdamW's two float32 moments
         assert record["reached"] is (record["time_to_target"] is not None)
     trials = Store(str(db)).storage.get_all_trials(Store(str(db)).storage.get_study_id_from_name(study["name"]))

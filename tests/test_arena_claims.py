@@ -1,4 +1,4 @@
-"""The claims table from a real tiny store (Lion and AdamW, 2 studies of 90 steps on lstsq): the verdict rule
+"""The claims table from a real tiny store (Lion and AdamW, 2 studies of 120 steps on lstsq): the verdict rule
 gives holds, does not hold and inconclusive on the records' own figures; ``gradwise arena claims`` writes the
 Markdown and its figure, and the arena report gets a "Claims" section."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_tiny_store_is_what_the_claims_need(store):
     _, studies = store
     assert sorted(s["name"] for s in studies) == [f"claims/self/{e}/lstsq_ill_conditioned/study{j}"
                                                   for e in ("AdamW", "Lion") for j in (0, 1)]
-    assert all(len(s["records"]) == 1 and s["records"][0]["steps"] == 90 for s in studies)
+    assert all(len(s["records"]) == 1 and s["records"][0]["steps"] == 120 for s in studies)
 
 
 def test_state_ratio_holds_or_not_by_its_threshold(store):
@@ -63,7 +63,7 @@ def test_quality_spread_straddling_the_threshold_is_inconclusive(store):
 
 def test_steps_when_both_miss_and_claims_without_studies_are_inconclusive(store):
     _, studies = store
-    assert not any(s["records"][0]["reached"] for s in studies)  # 90 steps do not reach lstsq's target
+    assert not any(s["records"][0]["reached"] for s in studies)  # 120 steps do not reach lstsq's target
     m = measure(BY_KEY["lion-speed"], studies, WORKLOADS)
     assert m.figures == [1.0, 1.0]  # both miss: budget + 1 on each side
     assert m.verdict == INCONCLUSIVE and "missed every target" in m.note

@@ -59,7 +59,7 @@ def test_external_tuning_search_space_toml(tmp_path):
                      "--trials", "2", "--studies", "1", "--budget-scale", "0.02", "--storage", str(db),
                      "--out", str(tmp_path / "r"), "--no-live"]) == 0
     (study,) = Store(str(db)).studies()
-    assert study["spec"]["ruleset"] == "external" and study["spec"]["max_steps"] == 60  # no 1.5x
+    assert study["spec"]["ruleset"] == "external" and study["spec"]["max_steps"] == 80  # 4000 * 0.02, no 1.5x
     assert [r["hyperparameters"]["momentum"] for r in study["records"]] == [0.9, 0.9]
 
 
