@@ -285,15 +285,16 @@ def test_set_targets_procedure(tmp_path):
         set_target(store, "lstsq_ill_conditioned", trials=1, seeds=1)
 
 
-def test_set_targets_prints_a_diverged_tuning_trial(capsys):
+def test_set_targets_prints_a_diverged_tuning_trial(tmp_path, capsys):
     # a diverged Halton point has no best metric: the line says so instead of failing the whole procedure
-    from types import SimpleNamespace
-
     from gradwise.arena.cli import print_tuning_trial
 
-    point, config = SimpleNamespace(name="target:heavy-ball"), SimpleNamespace(index=3)
-    print_tuning_trial(point, config, {"metric": "loss", "best_metric": None})
-    print_tuning_trial(point, config, {"metric": "loss", "best_metric": 3.89812})
-    print_tuning_trial(point, config, None)
-    assert capsys.readouterr().out.splitlines() == ["  target:heavy-ball #3: best loss diverged (no finite metric)",
-                                                    "  target:heavy-ball #3: best loss 3.898"]
+    (study,) = plan(self_tuning_entry("AdamW"), "lstsq_ill_conditioned", studies=1)
+    store = Store(str(tmp_path / "t.db"))
+    store.prepare(study.name, study.spec, study.points, study.seeds, study.distributions)
+    claimed = store.claim(study.name)
+    print_tuning_trial(study, claimed, {"metric": "loss", "best_metric": None})
+    print_tuning_trial(study, claimed, {"metric": "loss", "best_metric": 3.89812})
+    print_tuning_trial(study, claimed, None)  # a trial starting prints nothing
+    assert capsys.readouterr().out.splitlines() == [f"  {study.name} #{claimed.index}: best loss diverged (no finite"
+                                                    " metric)", f"  {study.name} #{claimed.index}: best loss 3.898"]
