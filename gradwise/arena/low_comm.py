@@ -123,7 +123,8 @@ def check_space(name: str, space: dict[str, dict] | list[dict[str, Any]]) -> dic
             check_point(name, point)
         return space
     check_search_space(None, space)  # the form of each entry; the keys below
-    check_hyperparameters(name, {key: _first(spec) for key, spec in space.items()})
+    base = {k: _first(spec) for k, spec in space.items()}
+    check_hyperparameters(name, base)
     key = _BRACKET_KEY.get(method)
     if key in space:
         raise ValueError(f"invalid search space key {key!r} for {canonical(name)!r}: the bracket sets it; tune it"
@@ -132,7 +133,6 @@ def check_space(name: str, space: dict[str, dict] | list[dict[str, Any]]) -> dic
     if ranged:
         raise ValueError(f"invalid search space key(s) {ranged} for {canonical(name)!r}: they take ints or bools;"
                          " give them as feasible_points, not a min/max range")
-    base = {k: _first(spec) for k, spec in space.items()}
     try:
         check_point(name, base)
     except (TypeError, ValueError) as error:
@@ -154,7 +154,7 @@ def _first(spec: dict[str, Any]) -> Any:
 
 def check_point(name: str, point: dict[str, Any]) -> None:
     """``point``'s keys (``check_hyperparameters``) and values: the method built on a dummy parameter, outside
-    any process group (data parallel and PowerSGD: AdamW and the hook's arguments alone)."""
+    any process group (PowerSGD, whose hook needs DDP and a group: AdamW and the hook's arguments alone)."""
     from gradwise.arena.submissions import build_optimizer
     from gradwise.distributed.powersgd import check_powersgd
 
