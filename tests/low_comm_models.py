@@ -1,7 +1,12 @@
-"""Models shared by the low-communication tests (DiLoCo, DeMo; 2 and 4 gloo ranks)."""
+"""Models shared by the low-communication tests (DiLoCo, DeMo; 2 and 4 gloo ranks), and their checkpoint
+round trip through ``torch.distributed.checkpoint``."""
 from __future__ import annotations
 
+import shutil
+
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 #: DeMo's final-step variants every DeMo reference test runs: (label, keyword arguments)
 DEMO_VARIANTS = (("signum, weight decay", {"weight_decay": 0.1, "sign": True}),
@@ -38,3 +43,19 @@ class ConvNet(torch.nn.Module):
 
     def forward(self, x):
         return self.out(torch.tanh(self.conv(x)).flatten(1))
+
+
+def dcp_round_trip(key: str, directory: str, saved: tuple, fresh: tuple) -> None:
+    """``saved``, a ``(model, optimizer)`` pair, saved with ``torch.distributed.checkpoint`` under ``key`` (each
+    worker's own, or its group's: their states differ) and loaded into ``fresh``, another pair, in place
+    (DCP loads into the fresh state_dicts, which are then loaded into the pair); every rank waits for the others,
+    then rank 0 removes ``directory``."""
+    (model, optimizer), (fresh_model, fresh_optimizer) = saved, fresh
+    dcp.save({key: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}}, checkpoint_id=directory)
+    target = {key: {"model": fresh_model.state_dict(), "optimizer": fresh_optimizer.state_dict()}}
+    dcp.load(target, checkpoint_id=directory)
+    fresh_model.load_state_dict(target[key]["model"])
+    fresh_optimizer.load_state_dict(target[key]["optimizer"])
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory)

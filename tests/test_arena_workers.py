@@ -1,7 +1,8 @@
 """Multi-worker arena trials: one real 2-worker data-parallel AdamW trial end to end (store, plan, gloo
 ranks), its record's bytes, steps and simulated-link time checked against hand-computed figures, and its
-trained model against one process stepping on the two workers' batches together; then the entries' names,
-the link model and the refusals, without spawning."""
+trained model against one process stepping on the two workers' batches together; external tuning of DeMo on 2
+workers over its shipped space (2 trials, each point's bytes by hand); then the entries' names, the link
+model, the search spaces' and the plans' refusals, without spawning."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +14,8 @@ import torch
 from gradwise.arena import low_comm
 from gradwise.arena.link import Link, wire_factor
 from gradwise.arena.multiworker import shard
-from gradwise.arena.rulesets import external_entry, plan, self_tuning_entry, work
+from gradwise.arena.rulesets import Entry, external_entry, plan, self_tuning_entry, work
+from gradwise.arena.shipped_spaces import shipped_space
 from gradwise.arena.store import Store
 from gradwise.arena.submissions import SELF_TUNING, build_optimizer
 from gradwise.arena.variants import check_entry
@@ -70,6 +72,55 @@ def test_two_workers_train_as_one_process_on_both_batches(two_workers):
     assert study["records"][0]["final_metric"] == pytest.approx(w.evaluate(model)["mse"], rel=1e-5)
 
 
+@pytest.fixture(scope="module")
+def demo_tuned(tmp_path_factory):
+    """External tuning of DeMo on 2 gloo workers: one study, 2 Halton points of its shipped space, STEPS steps
+    each (two spawns)."""
+    w = get_workload(WORKLOAD)
+    plans = plan(external_entry("DeMo"), WORKLOAD, studies=1, trials=2, budget_scale=STEPS / w.step_hint,
+                 target=1e-9, workers_per_trial=2)
+    store = Store(str(tmp_path_factory.mktemp("tuned") / "arena.db"))
+    assert work(store, plans) == 2
+    (study,) = store.studies()
+    return plans[0], study
+
+
+def test_external_tuning_of_a_low_comm_entry_records_each_point_and_its_bytes(demo_tuned):
+    p, study = demo_tuned
+    assert p.name == f"custom/external/DeMo@2/{WORKLOAD}/study0" and study["spec"]["space"] == shipped_space("DeMo")
+    records = sorted(study["records"], key=lambda r: r["index"])
+    assert [r["hyperparameters"] for r in records] == p.points and {pt["topk"] for pt in p.points} == {16, 32}
+    for r in records:
+        assert r["ruleset"] == "external" and r["workers"] == 2 and r["steps"] == STEPS
+        # the 1 x 100 weight: 2 chunks of 1 x 50 (100's largest divisor <= 64), top-k of each sent as a float32
+        # value and an int16 index, one all-gather per step; a ring of 2 forwards it once
+        assert r["bytes_per_step"] == 2 * r["hyperparameters"]["topk"] * (4 + 2) and r["collectives"] == STEPS
+        assert r["wire_bytes"] == r["bytes_sent"] and math.isfinite(r["final_metric"])
+
+
+def test_low_comm_search_spaces_are_checked_before_any_study(tmp_path):
+    def refused(name, space, text):
+        with pytest.raises(ValueError, match=text):
+            plan(Entry(name, name, space=space), WORKLOAD, studies=1, workers_per_trial=2)
+
+    refused("DeMo", {"rank": {"feasible_points": [2]}}, r"unknown hyperparameter\(s\) \['rank'\] for 'DeMo'")
+    refused("DiLoCo[H=10]", {"sync_every": {"feasible_points": [10]}}, "key 'sync_every' .* the bracket sets it")
+    refused("DeMo", {"topk": {"min": 8, "max": 32}}, r"key\(s\) \['topk'\] .* feasible_points")
+    refused("DeMo", {"sign": {"feasible_points": [False, True]}, "adam_beta2": {"min": 0.9, "max": 0.99}},
+            "key 'sign' for 'DeMo' at sign=True: invalid adam_beta2=0.9 with sign=True")
+    refused("DiLoCo[H=10]", {"lr": {"min": 1e-3, "max": 1e-2}, "outer_lr": {"feasible_points": [0.7, -1]}},
+            "key 'outer_lr' .* at outer_lr=-1: invalid outer_lr=-1")
+    # adam_beta2 (the Adam-like step) is a DeMo key; a point without the bracket's H takes it from the name
+    space = {"sign": {"feasible_points": [False]}, "adam_beta2": {"min": 0.9, "max": 0.99}}
+    (p,) = plan(Entry("DeMo", "DeMo", space=space), WORKLOAD, studies=1, trials=2, workers_per_trial=2)
+    assert low_comm.build("DeMo", p.points[0], torch.nn.Linear(3, 2), 10).optimizer.adam_beta2 == \
+        p.points[0]["adam_beta2"]
+    (p,) = plan(external_entry("DiLoCo[H=10]"), WORKLOAD, studies=1, workers_per_trial=2)
+    assert "sync_every" not in p.points[0] and "outer_lr" in p.points[0]
+    built = low_comm.build("DiLoCo[H=10]", p.points[0], torch.nn.Linear(3, 2), 10).optimizer
+    assert built.sync_every == 10 and built.outer[0].param_groups[0]["lr"] == p.points[0]["outer_lr"]
+
+
 def test_shard_takes_every_nth_batch():
     assert [list(itertools.islice(shard(iter(range(100)), r, 3), 4)) for r in range(3)] == \
         [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
@@ -115,8 +166,8 @@ def test_plan_names_workers_and_refuses_what_runs_in_one_process():
     assert "workers_per_trial" not in plan(self_tuning_entry("AdamW"), WORKLOAD, studies=1)[0].spec
     with pytest.raises(ValueError, match="invalid workers_per_trial=0"):
         plan(self_tuning_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=0)
-    with pytest.raises(ValueError, match="a fixed point"):
-        plan(external_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=2)
+    (tuned,) = plan(external_entry("AdamW"), WORKLOAD, studies=1, trials=3, workers_per_trial=2)
+    assert tuned.name == f"custom/external/AdamW@2/{WORKLOAD}/study0" and len(tuned.points) == 3
     with pytest.raises(ValueError, match="tuner='hyperband' runs in one process"):
         plan(external_entry("AdamW"), WORKLOAD, studies=1, workers_per_trial=2, tuner="hyperband")
 

@@ -23,14 +23,12 @@ import copy
 import gc
 import io
 import os
-import shutil
 import tempfile
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 import gradwise
 from gradwise.distributed.powersgd import register_powersgd
@@ -43,7 +41,7 @@ from tests.distributed_harness import (
     spawn_failing_on_purpose,
     went_on,
 )
-from tests.low_comm_models import DEMO_VARIANTS, ConvNet
+from tests.low_comm_models import DEMO_VARIANTS, ConvNet, dcp_round_trip
 from tests.references.demo import simulate as simulate_demo
 
 WORLD_SIZE = 2
@@ -153,17 +151,9 @@ def _case_demo_resume(rank: int) -> None:
     # through torch.distributed.checkpoint, each worker's state under its own key (the momenta differ),
     # loaded into a fresh DeMo's state_dict
     directory = os.path.join(tempfile.gettempdir(), f"gradwise-demo-dcp-{os.getppid()}")
-    key = f"worker{rank}"
-    dcp.save({key: {"model": model.state_dict(), "demo": demo.state_dict()}}, checkpoint_id=directory)
     dcp_model = ConvNet(torch.float32)
     from_dcp = gradwise.DeMo(dcp_model.parameters(), **kwargs)
-    target = {key: {"model": dcp_model.state_dict(), "demo": from_dcp.state_dict()}}
-    dcp.load(target, checkpoint_id=directory)
-    dcp_model.load_state_dict(target[key]["model"])
-    from_dcp.load_state_dict(target[key]["demo"])
-    dist.barrier()
-    if rank == 0:
-        shutil.rmtree(directory)
+    dcp_round_trip(f"worker{rank}", directory, (model, demo), (dcp_model, from_dcp))
     assert from_dcp.state[next(dcp_model.parameters())]["momentum"].abs().max() > 0
     for m, d in ((model, demo), (copied_model, copied), (resumed_model, resumed), (dcp_model, from_dcp)):
         _train(d, m, range(4, 10), rank)

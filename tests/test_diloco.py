@@ -34,13 +34,11 @@ import functools
 import io
 import math
 import os
-import shutil
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 import gradwise
 from gradwise.state.codec import codec_from
@@ -53,7 +51,7 @@ from tests.distributed_harness import (
     spawn_failing_on_purpose,
     went_on,
 )
-from tests.low_comm_models import IntegerQuadratic, integer_quadratic_backward
+from tests.low_comm_models import IntegerQuadratic, dcp_round_trip, integer_quadratic_backward
 from tests.references.co2 import co2_outer
 from tests.references.diloco import simulate, simulate_stale
 from tests.references.powersgd import PowerSGDMeans
@@ -269,20 +267,12 @@ def _through_dcp(label: str, model, diloco, build, rank: int):
     """``model`` and ``diloco`` saved with ``torch.distributed.checkpoint`` (each worker's state under its
     own key: the workers' parameters and inner states differ) and loaded into a fresh model and DiLoCo."""
     directory = os.path.join(tempfile.gettempdir(), f"gradwise-diloco-dcp-{os.getppid()}", label)
-    key = f"worker{rank}"
-    dcp.save({key: {"model": model.state_dict(), "diloco": diloco.state_dict()}}, checkpoint_id=directory)
     fresh_model = _mlp()
     with torch.no_grad():
         for p in fresh_model.parameters():
             p.zero_()  # so that parameters not loaded would show
     fresh = build(fresh_model)
-    target = {key: {"model": fresh_model.state_dict(), "diloco": fresh.state_dict()}}
-    dcp.load(target, checkpoint_id=directory)
-    fresh_model.load_state_dict(target[key]["model"])
-    fresh.load_state_dict(target[key]["diloco"])
-    dist.barrier()
-    if rank == 0:
-        shutil.rmtree(directory)
+    dcp_round_trip(f"worker{rank}", directory, (model, diloco), (fresh_model, fresh))
     return fresh_model, fresh
 
 

@@ -25,18 +25,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 import gradwise
 from gradwise.state.codec import codec_from
 from tests.distributed_harness import needs_gloo, run_cases, spawn
-from tests.low_comm_models import DEMO_VARIANTS, ConvNet, IntegerQuadratic, integer_quadratic_backward
+from tests.low_comm_models import (
+    DEMO_VARIANTS,
+    ConvNet,
+    IntegerQuadratic,
+    dcp_round_trip,
+    integer_quadratic_backward,
+)
 from tests.references.demo import simulate as simulate_demo
 from tests.references.diloco import simulate, simulate_stale
 
@@ -235,20 +239,13 @@ def _case_diloco_over_fsdp2(rank: int) -> None:
         _train(diloco, model, _backward, range(saved_at), rank)
         assert bool(diloco.pending) == bool(kwargs), label
         directory = os.path.join(tempfile.gettempdir(), f"gradwise-hsdp-dcp-{os.getppid()}", label)
-        key = f"group{group}"  # a worker group's ranks share its DTensors
-        dcp.save({key: {"model": model.state_dict(), "diloco": diloco.state_dict()}}, checkpoint_id=directory)
         resumed_model = _sharded_mlp(mesh["shard"])
         with torch.no_grad():
             for p in resumed_model.parameters():
                 p.zero_()  # so that parameters not loaded would show
         resumed = build(resumed_model, **kwargs)
-        target = {key: {"model": resumed_model.state_dict(), "diloco": resumed.state_dict()}}
-        dcp.load(target, checkpoint_id=directory)
-        resumed_model.load_state_dict(target[key]["model"])
-        resumed.load_state_dict(target[key]["diloco"])
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(directory)
+        # a worker group's ranks share its DTensors: one key per group
+        dcp_round_trip(f"group{group}", directory, (model, diloco), (resumed_model, resumed))
         for m, d in ((model, diloco), (resumed_model, resumed)):
             _train(d, m, _backward, range(saved_at, 11), rank)
         for p, q in zip(model.parameters(), resumed_model.parameters(), strict=True):

@@ -166,3 +166,40 @@ def test_mezo_refuses_a_non_finite_loss_and_puts_the_parameters_back():
     def vector_loss(optimizer, params):
         optimizer.step(lambda: torch.ones(2))
     assert "MeZO's closure must return a finite number or a one-element tensor" in _unchanged(vector_loss, True)
+
+
+def _raising_on_second_call(params, error: BaseException):
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) == 2:  # at theta - eps z
+            raise error
+        return sin_loss(params, 0)
+    return closure
+
+
+@pytest.mark.parametrize("error", [RuntimeError("data loader died"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_a_closure_raising_mid_step_leaves_the_parameters_bit_for_bit_with_exact_restore(error):
+    """The closure raises at its 2nd call (the parameters at theta - eps z): the error propagates, the parameters
+    are theta bit for bit with exact_restore, within an ulp from the seed by default; no step is counted and the
+    next step is the one an untouched optimizer takes."""
+    for exact in (True, False):
+        params = bag_of_tensors(torch.float64)
+        optimizer = gradwise.MeZO(params, lr=0.1, sparsity=0.3, exact_restore=exact)
+        before, groups = [p.detach().clone() for p in params], optimizer.state_dict()
+        with pytest.raises(type(error)):
+            optimizer.step(_raising_on_second_call(params, error))
+        for a, b in zip(params, before):
+            torch.testing.assert_close(a.detach(), b, rtol=0, atol=0 if exact else 1e-15)
+        assert optimizer.state_dict() == groups and not optimizer.state
+    optimizer.step(lambda: sin_loss(params, 0))
+    fresh = [p.detach().clone().requires_grad_() for p in before]
+    gradwise.MeZO(fresh, lr=0.1, sparsity=0.3).step(lambda: sin_loss(fresh, 0))
+    for a, b in zip(params, fresh):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-14)
+
+
+def test_mezo_refuses_a_non_bool_exact_restore():
+    with pytest.raises(TypeError, match="invalid exact_restore=1: expected True"):
+        gradwise.MeZO(bag_of_tensors(torch.float64), exact_restore=1)

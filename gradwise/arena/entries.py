@@ -44,5 +44,6 @@ def entry_rows() -> list[dict[str, str]]:
              "space": "shipped" if has_shipped_space(name) else "-",
              "variants": " ".join(FORMATS) if name in with_variants else "-"}
             for name in optimizer_names()]
-    return rows + [{"name": name, "point": short_point(low_comm.self_tuning_point(name)), "space": "-",
-                    "variants": "-"} for name in LOW_COMM_EXAMPLES]
+    return rows + [{"name": name, "point": short_point(low_comm.self_tuning_point(name)),
+                    "space": "shipped" if has_shipped_space(name) else "-", "variants": "-"}
+                   for name in LOW_COMM_EXAMPLES]

@@ -18,6 +18,13 @@ Entries (``gradwise arena run --workers-per-trial N --optimizers ...``), each on
   feedback and warm start (Vogels et al. 2019), 2 plain all-reduced steps first (torch's least), AdamW's point.
 
 Names are parsed and checked here alone; a low-communication entry always runs on workers (``--workers-per-trial``).
+
+External tuning (``--ruleset external``: the shipped ``gradwise/arena/spaces/<method>.json``, or ``--search-space``)
+draws points over the inner optimizer's keys (AdamW's; DeMo's are its own) and the method's ``METHOD_KEYS``; a
+key a point leaves out keeps the default of ``build`` (DiLoCo's outer lr 0.7, momentum 0.9) or of the optimizer,
+and the bracket's value (``H``, ``r``) comes from the name. ``check_space`` refuses, before any study is written,
+an unknown key, the bracket's key, an int or bool key given as a range, and values the method refuses (each
+key's extremes built on a dummy parameter), every error naming the key.
 """
 
 import re
@@ -36,7 +43,10 @@ METHOD_KEYS = {"DiLoCo": ("sync_every", "outer_lr", "outer_momentum"),
                "StreamingDiLoCo": ("sync_every", "outer_lr", "outer_momentum", "fragments", "overlap", "merge_alpha"),
                "DiLoCoPowerSGD": ("sync_every", "outer_lr", "outer_momentum", "powersgd_rank"),
                "PowerSGD": ("rank", "start_powerSGD_iter"),
-               "DeMo": ("lr", "momentum", "chunk", "topk", "weight_decay", "sign")}
+               "DeMo": ("lr", "momentum", "chunk", "topk", "weight_decay", "sign", "adam_beta2", "eps")}
+#: the keys that take ints or bools: a search space gives them as feasible points, not ranges
+DISCRETE_KEYS = {"sync_every", "fragments", "overlap", "powersgd_rank", "rank", "start_powerSGD_iter", "chunk",
+                 "topk", "sign"}
 _BRACKET_KEY = {"DiLoCo": "sync_every", "StreamingDiLoCo": "sync_every", "DiLoCoPowerSGD": "sync_every",
                 "PowerSGD": "rank"}
 _NAME = re.compile(r"(\w+)(?:\[(\w+)=(\d+)\])?")
@@ -102,6 +112,63 @@ def check_hyperparameters(name: str, hyperparameters: dict[str, Any]) -> None:
         check_recipe("AdamW", {k: v for k, v in hyperparameters.items() if k not in METHOD_KEYS[method]})
 
 
+def check_space(name: str, space: dict[str, dict] | list[dict[str, Any]]) -> dict | list:
+    """Entry ``name``'s search space (AlgoPerf's dict or list form), checked (see the module's docstring)."""
+    from gradwise.arena.submissions import check_search_space
+
+    method, _ = parse(name)
+    if isinstance(space, list):
+        check_search_space(None, space)
+        for point in space:
+            check_point(name, point)
+        return space
+    check_search_space(None, space)  # the form of each entry; the keys below
+    base = {k: _first(spec) for k, spec in space.items()}
+    check_hyperparameters(name, base)
+    key = _BRACKET_KEY.get(method)
+    if key in space:
+        raise ValueError(f"invalid search space key {key!r} for {canonical(name)!r}: the bracket sets it; tune it"
+                         f" with one entry per value ({method}[{METHODS[method]}=<int>])")
+    ranged = sorted(k for k, spec in space.items() if k in DISCRETE_KEYS and "feasible_points" not in spec)
+    if ranged:
+        raise ValueError(f"invalid search space key(s) {ranged} for {canonical(name)!r}: they take ints or bools;"
+                         " give them as feasible_points, not a min/max range")
+    try:
+        check_point(name, base)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid search space for {canonical(name)!r} at each key's first value {base}:"
+                         f" {error}") from error
+    for k, spec in space.items():
+        for value in spec["feasible_points"] if "feasible_points" in spec else (spec["min"], spec["max"]):
+            try:
+                check_point(name, {**base, k: value})
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"invalid search space key {k!r} for {canonical(name)!r} at {k}={value!r}:"
+                                 f" {error}") from error
+    return space
+
+
+def _first(spec: dict[str, Any]) -> Any:
+    return spec["feasible_points"][0] if "feasible_points" in spec else spec["min"]
+
+
+def check_point(name: str, point: dict[str, Any]) -> None:
+    """``point``'s keys (``check_hyperparameters``) and values: the method built on a dummy parameter, outside
+    any process group (PowerSGD, whose hook needs DDP and a group: AdamW and the hook's arguments alone)."""
+    from gradwise.arena.submissions import build_optimizer
+    from gradwise.distributed.powersgd import check_powersgd
+
+    check_hyperparameters(name, point)
+    method = parse(name)[0]
+    model = nn.Linear(2, 2)
+    if method == "PowerSGD":
+        own = {k: point[k] for k in METHOD_KEYS[method] if k in point}
+        check_powersgd(**{"rank": parse(name)[1], "start_powerSGD_iter": 2, **own})
+        build_optimizer("AdamW", {k: v for k, v in point.items() if k not in own}, model.parameters(), 10)
+    else:
+        build(name, point, model, 10)
+
+
 @dataclass
 class Method:
     """One worker's training: call ``module``, step ``optimizer`` then ``schedule``; ``traffic`` counts what
@@ -136,6 +203,8 @@ def build(name: str, hyperparameters: dict[str, Any], model: nn.Module, total_st
     method = parsed[0] if parsed else None
     point = dict(hyperparameters)
     own = {k: point.pop(k) for k in METHOD_KEYS.get(method, ()) if k in point}
+    if method in _BRACKET_KEY:  # an external-tuning point leaves it out: the name holds it
+        own.setdefault(_BRACKET_KEY[method], parsed[1])
     if method == "DeMo":
         demo = gradwise.DeMo(model.parameters(), **own)
         return Method(model, demo, lr_schedule(demo, point, total_steps), demo.traffic)

@@ -16,7 +16,8 @@ then its ``tuning_search_space.json`` makes it external, none self-tuning, and i
 ``workers_per_trial=N`` (``--workers-per-trial``) runs each trial on N gloo workers (``multiworker``): a recipe
 data-parallel, or a low-communication entry (``low_comm``: DiLoCo, Streaming DiLoCo, DeMo, PowerSGD, which always
 run on workers). The submission is then named ``NAME@N`` and scored on the measured time plus the simulated
-``link``'s cost of its collectives (``gradwise.arena.link``).
+``link``'s cost of its collectives (``gradwise.arena.link``). Self-tuning or external: a low-communication
+entry's space is over its inner optimizer's keys and its method's (``low_comm.check_space``).
 """
 from __future__ import annotations
 
@@ -157,10 +158,6 @@ def plan(entry: Entry, workload: str, *, studies: int, trials: int = 1, budget_s
     max_runtime = w.max_runtime * scale if time_limit else math.inf
     result = []
     for j in range(studies):
-        if entry.space is not None and on_workers:
-            raise ValueError(f"invalid entry {entry.name!r} with workers_per_trial={workers_per_trial}: a"
-                             " multi-worker trial runs a fixed point (self-tuning or --hyperparameters), not a"
-                             " search space")
         if entry.space is not None:
             check_search_space(None if entry.module else entry.optimizer, entry.space)
             if isinstance(entry.space, list):  # AlgoPerf's list form: the first `trials` points
@@ -244,7 +241,8 @@ def _on_workers(entry: Entry, workers: int, tuner: str) -> Entry:
     if entry.module is not None or tuner != "halton":
         what = "an AlgoPerf submission file" if entry.module is not None else f"tuner={tuner!r}"
         raise ValueError(f"invalid workers_per_trial={workers} for {entry.name!r}: {what} runs in one process;"
-                         " multi-worker trials run an optimizer entry at a fixed point with tuner='halton'")
+                         " multi-worker trials run an optimizer entry (a point or a search space) with"
+                         " tuner='halton'")
     head, brace, point = entry.name.partition("{")  # a --hyperparameters entry: NAME@N{point}
     return replace(entry, name=f"{head}@{workers}{brace}{point}")
 

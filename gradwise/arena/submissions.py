@@ -264,7 +264,12 @@ def load_search_space(path: str | Path, optimizer: str | None = None) -> tuple[s
 
 def check_search_space(optimizer: str | None, space: dict[str, Any] | list[dict[str, Any]]) -> dict | list:
     """A dict-form space (ranges and feasible points) or a list-form one (fixed points, taken in order).
-    With ``optimizer=None`` (an AlgoPerf submission, which reads its own hyperparameters) any names are allowed."""
+    With ``optimizer=None`` (an AlgoPerf submission, which reads its own hyperparameters) any names are allowed;
+    a low-communication entry's (``DiLoCo[H=10]``, ``DeMo``) is checked by ``low_comm.check_space``."""
+    from gradwise.arena import low_comm
+
+    if optimizer is not None and low_comm.parse(optimizer) is not None:
+        return low_comm.check_space(optimizer, space)
     if isinstance(space, list):
         if not space or not all(isinstance(point, dict) for point in space):
             raise ValueError(f"invalid search space {space!r}: a list-form space is a non-empty list of points")

@@ -52,6 +52,19 @@ def register_powersgd(model: torch.nn.parallel.DistributedDataParallel, rank: in
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"invalid model, a {type(model).__name__}: expected a DistributedDataParallel module"
                         " (PowerSGD replaces its gradient all-reduce)")
+    check_powersgd(rank, start_powerSGD_iter, min_compression_rate, use_error_feedback, warm_start)
+    state = torch_powersgd.PowerSGDState(
+        process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_powerSGD_iter,
+        min_compression_rate=min_compression_rate, use_error_feedback=use_error_feedback, warm_start=warm_start,
+        random_seed=random_seed)
+    counted = CountedPowerSGD(state)
+    model.register_comm_hook(counted, counted_powersgd_hook)
+    return counted
+
+
+def check_powersgd(rank: int = 1, start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
+                   use_error_feedback: bool = True, warm_start: bool = True) -> None:
+    """``register_powersgd``'s argument checks alone (no model needed): a ``ValueError`` naming the argument."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"invalid rank={rank!r}: expected an int >= 1 (the approximation's rank)")
     least = 2 if use_error_feedback or warm_start else 1
@@ -62,13 +75,6 @@ def register_powersgd(model: torch.nn.parallel.DistributedDataParallel, rank: in
     if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)) \
             or not min_compression_rate >= 0:
         raise ValueError(f"invalid min_compression_rate={min_compression_rate!r}: expected a number >= 0")
-    state = torch_powersgd.PowerSGDState(
-        process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_powerSGD_iter,
-        min_compression_rate=min_compression_rate, use_error_feedback=use_error_feedback, warm_start=warm_start,
-        random_seed=random_seed)
-    counted = CountedPowerSGD(state)
-    model.register_comm_hook(counted, counted_powersgd_hook)
-    return counted
 
 
 def sent_elements(gradients: list[torch.Tensor], state: torch_powersgd.PowerSGDState) -> tuple[int, int, int]:

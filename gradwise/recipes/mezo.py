@@ -13,6 +13,13 @@ time it is needed, never stored (Algorithm 1, SPSA with n = 1)::
 ``mask="magnitude"`` (Sparse-MeZO) keeps the entries of smallest |theta| at the start of the step (a
 bool mask per tensor, held during the step only); ``mask="random"`` keeps a random fraction drawn from the
 step's seed (regenerated like z, nothing held). Weight decay applies to every entry.
+
+A step that fails (the closure raises, or returns a loss that is not a finite number; KeyboardInterrupt
+included) puts every parameter back before the error propagates and counts no step: each parameter is moved
+back from where it was (a failure inside a perturbation moves back only those it reached) by re-drawing its z,
+which is theta to within rounding (about one ulp: (theta + eps z) - eps z is not theta bit for bit in floating
+point). ``exact_restore=True`` makes it bit for bit: the step then holds a copy of the parameters it moves during
+the two forward passes (twice the parameters' memory; MeZO's point is inference's memory, hence off by default).
 """
 from __future__ import annotations
 
@@ -48,14 +55,20 @@ class MeZO(torch.optim.Optimizer):
     the update rule. The only state is the seed and the step count, kept in every param group, so a
     ``state_dict()`` resumes bit-identically. Parameters with ``requires_grad=False`` are left alone.
     ``step`` returns the loss at theta + eps z. Memory: one tensor the size of the largest parameter
-    (its z) besides the model, and with ``mask="magnitude"`` a bool per entry during the step."""
+    (its z) besides the model, and with ``mask="magnitude"`` a bool per entry during the step;
+    ``exact_restore=True`` adds a copy of the moved parameters during the step (a failed step then leaves
+    them bit for bit as they were; see the module docstring)."""
 
     def __init__(self, params, lr: float = 1e-6, eps: float = 1e-3, weight_decay: float = 0.0, *,
-                 sparsity: float = 0.0, mask: str = "magnitude", seed: int = 0):
+                 sparsity: float = 0.0, mask: str = "magnitude", seed: int = 0, exact_restore: bool = False):
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, sparsity=sparsity, mask=mask, seed=seed, step=0)
         for key, value in defaults.items():
             CHECKS[key](key, value)
+        if not isinstance(exact_restore, bool):
+            raise TypeError(f"invalid exact_restore={exact_restore!r}: expected True (a failed step restores the"
+                            " parameters bit for bit from a copy) or False (from the seed, to within rounding)")
         super().__init__(params, defaults)
+        self.exact_restore = exact_restore
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's, after checking the group's settings and refusing DTensor parameters (FSDP2's shards)."""
@@ -111,9 +124,12 @@ class MeZO(torch.optim.Optimizer):
                         dtype=p.dtype)
         return z if mask is None else z.mul_(mask)
 
-    def _perturb(self, work, scale: float) -> None:
-        for p, _, seed, mask in work:
-            p.add_(self._z(p, seed, mask), alpha=scale)
+    def _perturb(self, work, offsets: list[float], to: float, eps: float) -> None:
+        """Move each parameter from ``offsets[i]`` to ``to`` (in units of eps z), recording each as it lands."""
+        for i, (p, _, seed, mask) in enumerate(work):
+            if offsets[i] != to:
+                p.add_(self._z(p, seed, mask), alpha=(to - offsets[i]) * eps)
+                offsets[i] = to
 
     @staticmethod
     def _loss(closure: Callable[[], Any], where: str) -> tuple[Any, float]:
@@ -132,17 +148,21 @@ class MeZO(torch.optim.Optimizer):
                              " pass and returns the loss (no backward), e.g. lambda: loss_fn(model(x), y)")
         eps, seed = self._checked_groups()
         work = self._work(seed)
-        offset = 0.0  # how far the parameters are from theta, in units of eps z
+        saved = [p.detach().clone() for p, *_ in work] if self.exact_restore else None
+        offsets = [0.0] * len(work)  # how far each parameter is from theta, in units of eps z
         try:
-            self._perturb(work, eps)
-            offset = 1.0
+            self._perturb(work, offsets, 1.0, eps)
             loss, plus = self._loss(closure, "theta + eps z")
-            self._perturb(work, -2 * eps)
-            offset = -1.0
+            self._perturb(work, offsets, -1.0, eps)
             _, minus = self._loss(closure, "theta - eps z")
-        finally:
-            if offset:
-                self._perturb(work, -offset * eps)
+            self._perturb(work, offsets, 0.0, eps)
+        except BaseException:
+            if saved is None:
+                self._perturb(work, offsets, 0.0, eps)
+            else:
+                for (p, *_), copy in zip(work, saved):
+                    p.copy_(copy)
+            raise
         projected = (plus - minus) / (2 * eps)
         for p, group, p_seed, mask in work:
             if group["weight_decay"]:
