@@ -208,3 +208,32 @@ def test_sparse_gradient_raises_in_backward_and_leaves_its_parameter_alone():
     with pytest.raises(TypeError, match=r"parameter 'emb\.weight' has a sparse gradient"):
         model["dense"](model["emb"](torch.tensor([1, 2]))).sum().backward()
     assert torch.equal(model["emb"].weight, before) and model["emb"].weight not in optimizer.state
+
+
+def test_a_value_changed_after_accepted_steps_is_refused_in_backward_until_fixed():
+    """The hooks check a group's hyperparameters again only where they changed since the last accepted
+    check (``core/hyper_check.py``), as ``step()`` does: a changed value is still refused, before the
+    parameter it would step changes, at every backward until it is fixed."""
+    model = nn.Linear(3, 1)
+    optimizer = gradwise.AdamW(model.parameters(), lr=1e-2, betas=[0.9, 0.99], compile=False)
+    gradwise.fused_backward(optimizer)
+    x, y = _batch(0)
+    x = x[:, :3]
+    for _ in range(2):  # accepted: what the hooks keep
+        nn.functional.mse_loss(model(x), y).backward()
+    group = optimizer.param_groups[0]
+    for key, bad, pattern in [("lr", -1.0, r"lr=-1\.0"), ("betas", 1.5, r"betas\[0\]=1\.5")]:
+        if key == "betas":
+            group["betas"][0] = bad  # the same list, changed in place
+        else:
+            group[key] = bad
+        for _ in range(2):  # a refused value is not remembered
+            before = [p.detach().clone() for p in model.parameters()]
+            with pytest.raises(ValueError, match=pattern):
+                nn.functional.mse_loss(model(x), y).backward()
+            assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # the first hook raised
+            model.zero_grad(set_to_none=True)
+        group[key] = 1e-2 if key == "lr" else [0.9, 0.99]
+    steps = int(optimizer.state[model.weight]["step"])
+    nn.functional.mse_loss(model(x), y).backward()
+    assert int(optimizer.state[model.weight]["step"]) == steps + 1

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from gradwise.core.hyper_check import check_hyperparameters
+from gradwise.core.hyper_check import Checked, check_hyperparameters
 from gradwise.core.params import DTensor, param_label
 from gradwise.core.transform import uses
 
@@ -46,6 +46,8 @@ class FusedBackward:
     def __init__(self, optimizer: Any):
         self.optimizer = optimizer
         self._where: dict[int, tuple[int, int]] = {}
+        #: id(group) -> what ``check_hyperparameters`` accepted there last: a hook checks only changed values
+        self._checked: dict[int, Checked] = {}
         self._hooks = []
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p in params:
@@ -79,7 +81,7 @@ class FusedBackward:
             raise RuntimeError(f"{type(optimizer).__name__}: backward() in eval mode with fused_backward(): the"
                                " parameters hold the evaluation point; call optimizer.train() first")
         group = self._group_of(p)
-        check_hyperparameters(optimizer, group)
+        self._checked[id(group)] = check_hyperparameters(optimizer, group, self._checked.get(id(group)))
         if p.grad.is_sparse:
             raise TypeError(f"{self._label(p)} has a sparse gradient; gradwise optimizers need dense gradients")
         optimizer.step_parameters(group, [p])
