@@ -23,6 +23,7 @@ from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, Layout, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
+from gradwise.core.phase_rounds import after_guards, check_rounds, guards
 from gradwise.core.phases import Phase, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
 from gradwise.core.sharded_step import ShardedStep, shard_group
@@ -110,15 +111,16 @@ class PhasedStep(ShardedStep):
         return True
 
     def _rounds(self, plans: dict[int, tuple[Phase, ...]]) -> tuple[dict[int, tuple[Phase, ...]], list]:
-        """The plans as their rounds run them (``_after_guards``, checked by ``_check_rounds``) and the links that
-        refuse non-finite values in chains no guard skips, kept for the last step's plans (they seldom change)."""
+        """The plans as their rounds run them (``after_guards``, checked by ``check_rounds``:
+        ``core/phase_rounds.py``) and the links that refuse non-finite values in chains no guard skips, kept for
+        the last step's plans (they seldom change)."""
         key = tuple(plans.items())
         kept = self.__dict__.get("_rounds_of")
         if kept is not None and kept[0] == key:
             return kept[1], kept[2]
-        rounds = _after_guards(plans)
-        _check_rounds(rounds.values())
-        refusing = [t for phases in rounds.values() if not any(_guards(ph) for ph in phases)
+        rounds = after_guards(plans)
+        check_rounds(rounds.values())
+        refusing = [t for phases in rounds.values() if not any(guards(ph) for ph in phases)
                     for ph in phases for _, t in ph.links() if t.refuses_nonfinite]
         self._rounds_of = (key, rounds, refusing)
         return rounds, refusing
@@ -208,7 +210,7 @@ class PhasedStep(ShardedStep):
     def _run_phase(self, bucket: Bucket, phase: Phase) -> list[dict[str, Tensor]]:
         """Run ``phase`` on the bucket; its outputs become the bucket's inputs for the next phase."""
         if not phase.links() and phase.reducer is None:
-            return []  # a round this bucket waits out (``_after_guards``)
+            return []  # a round this bucket waits out (``after_guards``)
         if phase.owned and bucket.sharding is not None:
             return self._run_owned(bucket, phase)
         if phase.moves:
@@ -377,32 +379,6 @@ def _roll_back(optimizer, buckets: list[Bucket]) -> None:
                 st[k].copy_(v)
         for p in b.fresh:
             optimizer.state.pop(p, None)
-
-
-def _after_guards(plans: dict[int, tuple[Phase, ...]]) -> dict[int, tuple[Phase, ...]]:
-    """The plans, those without a guard (a ``"skip"`` reduction) made to wait out the rounds up to the
-    last guard's, so that no parameter is written before every guard has had its say."""
-    rounds = [r for phases in plans.values() for r, phase in enumerate(phases) if _guards(phase)]
-    if not rounds:
-        return plans
-    wait = (Phase([], None, True, False),) * (max(rounds) + 1)
-    return {k: phases if any(_guards(p) for p in phases) else wait + phases for k, phases in plans.items()}
-
-
-def _guards(phase: Phase) -> bool:
-    return phase.reducer is not None and "skip" in phase.reducer[1].reductions.values()
-
-
-def _check_rounds(plans) -> None:
-    """Each statistic is computed in the same round (phase index) by every chain that computes it, so
-    that its total is complete when any chain reads it (a route's chains may differ)."""
-    rounds: dict[str, int] = {}
-    for phases in plans:
-        for r, phase in enumerate(phases):
-            for name in phase.reducer[1].reductions if phase.reducer else ():
-                if rounds.setdefault(name, r) != r:
-                    raise ValueError(f"the statistic {name!r} is computed after {r} phases in one route's chain and"
-                                     f" after {rounds[name]} in another's; put its link at the same place in both")
 
 
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:
