@@ -148,9 +148,12 @@ def case_failures(outcomes: dict, case: str) -> str:
 
 def assert_stopped_with_error(outcomes: dict, message: str, source: str) -> None:
     """The spawn failed with the raising rank's ``message`` or with rank 0's collective (in ``source``'s
-    ``step``) failing on it, rank 0 went no further, and it ended well before gloo's collective timeout."""
+    ``step``) failing on it, rank 0 went no further, and the stop came from the error, not from gloo's collective
+    timeout: the failure names no timeout and the spawn ended before that timeout could have fired (a bound by
+    construction, not a speed figure: the machine's load does not move it)."""
     failure = outcomes["failure"]
     # whichever rank the harness hears from first (the raising rank's group closes as its error unwinds)
     assert message in failure or ("Process 0" in failure and source in failure and "in step" in failure), failure
     assert not outcomes["rank0_went_on"]
-    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S / 3, outcomes["stopped_after_s"]
+    assert "timed out" not in failure.lower() and "timeout" not in failure.lower(), failure
+    assert outcomes["stopped_after_s"] < COLLECTIVE_TIMEOUT_S, outcomes["stopped_after_s"]
