@@ -141,11 +141,11 @@ def case_float64_reference(rank: int) -> None:
                     p.copy_(value)
             reference.zero_grad()
             _backward(reference, step, worker)
-            grads.append([-p.grad.clone() for p in reference.parameters()])  # deltas = 0 - (-g) = g
-        mean = [sum(-g[i] for g in grads) / WORLD for i in range(len(params))]
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        mean = [sum(g[i] for g in grads) / WORLD for i in range(len(params))]
         plain = [m.clone() for m in mean]
-        if step >= 2:
-            for i, m in means([0, 2], zeros, grads).items():
+        if step >= 2:  # PowerSGDMeans compresses pseudo-gradients, synced - worker's: here 0 - (-g) = g
+            for i, m in means([0, 2], zeros, [[-x for x in g] for g in grads]).items():
                 mean[i] = m
         for i, (g, h) in enumerate(zip(mean, actual[step])):
             torch.testing.assert_close(h, g, rtol=1e-10, atol=1e-12, msg=lambda m: f"step {step}, grad {i}: {m}")

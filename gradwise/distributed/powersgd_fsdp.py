@@ -6,7 +6,7 @@ Optimization" (Algorithm 1: one power-iteration step, warm-started Q, error feed
 ``FSDPModule.set_custom_reduce_scatter(comm)`` hands ``comm`` the flat input of each module's reduce-scatter:
 ``world`` rows, row ``r`` the concatenation of every parameter's ``r``-th block of rows (its gradient padded
 to ``world * ceil(n / world)`` rows), in the order FSDP2 manages the module's parameters; rank ``r`` receives
-its row of the reduction. Each parameter with a gradient of two dimensions or more seen as ``(n, m)``
+the reduction of every rank's row ``r``. Each parameter with a gradient of two dimensions or more seen as ``(n, m)``
 (``n = shape[0]``), ``r = min(rank, n, m)`` and ``(n + m) r min_compression_rate < n m`` is compressed,
 this worker's error of its last step added first::
 
@@ -26,8 +26,11 @@ Sent per worker, module and compressed step (counted in ``comm_stats`` as the co
 reduce-scatter of the other gradients' padded elements (counted as the ``(world - 1) / world`` of its input
 this rank hands to the others: what a ring puts on each link), one all-reduce of ``sum n r`` (P) and one of
 ``sum m r`` (Q) elements (counted as their payload; a ring all-reduce puts ``2 (world - 1) / world`` of it on
-each link, so on 2 workers the counts are the link's bytes). Memory: each rank keeps every compressed
-matrix's error whole (its own, unsharded) and ``Q``, besides FSDP2's sharded state.
+each link, so on 2 workers the counts are the link's bytes). On a ring a compressed matrix thus puts
+``2 (n + m) r`` elements on a link where FSDP2's reduce-scatter puts ``n m`` (times ``(world - 1) / world``
+both): half of the element ratio, so torch's ``min_compression_rate=2`` only breaks even there. Memory:
+each rank keeps every compressed matrix's error whole (its own, unsharded) and ``Q``, besides FSDP2's
+sharded state; and computes ``M Q`` and ``M^T P`` on whole matrices, each rank all of them.
 
 The state (``state_dict``) holds each module's reductions so far, the bytes, ``Q`` (the same on every rank)
 and the errors as DTensors of ``(world, n, m)`` with one worker's error per rank (``Shard(0)``), so a
