@@ -1,4 +1,5 @@
-"""``gradwise.DeMo`` and PowerSGD's counted DDP hook on real gloo ranks, against float64 references.
+"""``gradwise.DeMo``, PowerSGD's counted DDP hook and PowerSGD in FSDP2's reduce-scatter on real gloo ranks,
+against float64 references.
 
 One spawn of two ranks runs every distributed case (``outcomes``), each rank on its own batches:
 
@@ -14,6 +15,8 @@ One spawn of two ranks runs every distributed case (``outcomes``), each rank on 
 * **PowerSGD reference**: DDP with ``register_powersgd`` (rank 2, two plain steps first) against PowerSGD
   written out here in float64 (P = M Q summed and orthonormalized, Q = M^T P averaged, warm-started, the
   error fed back), each step's gradients within 1e-10 over 22 steps, and its bytes by hand;
+* **PowerSGD in FSDP2** (``register_powersgd_fsdp``; the cases of ``tests/powersgd_fsdp_cases.py``): FSDP2's
+  gradients at full rank, a float64 reference step by step, bytes by hand, a DCP resume, and the refusals;
 * **a worker that raises** (last, so that the spawn fails on purpose): the other worker, waiting in DeMo's
   all-gather, is stopped at once, well before gloo's collective timeout, and the test fails with the error.
 """
@@ -32,6 +35,7 @@ import torch.distributed as dist
 
 import gradwise
 from gradwise.distributed.powersgd import register_powersgd
+from gradwise.distributed.powersgd_fsdp import register_powersgd_fsdp
 from tests.distributed_harness import (
     assert_stopped_with_error,
     case_failures,
@@ -42,6 +46,7 @@ from tests.distributed_harness import (
     went_on,
 )
 from tests.low_comm_models import DEMO_VARIANTS, ConvNet, dcp_round_trip
+from tests.powersgd_fsdp_cases import CASES as FSDP_CASES
 from tests.references.demo import simulate as simulate_demo
 
 WORLD_SIZE = 2
@@ -207,7 +212,7 @@ def _case_powersgd_reference(rank: int) -> None:
 
 
 CASES = {"demo reference": _case_demo_reference, "demo resume": _case_demo_resume, "demo bytes": _case_demo_bytes,
-         "powersgd reference": _case_powersgd_reference}
+         "powersgd reference": _case_powersgd_reference, **FSDP_CASES}
 
 
 def _worker(rank: int, world_size: int, directory: str) -> None:
@@ -324,3 +329,20 @@ def test_powersgd_refuses_a_module_without_ddp_and_bad_settings():
         register_powersgd(ddp_free, start_powerSGD_iter=1)
     with pytest.raises(ValueError, match=r"min_compression_rate=-1"):
         register_powersgd(ddp_free, min_compression_rate=-1)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"rank": 0}, r"rank=0: expected an int >= 1"),
+    ({"rank": True}, r"rank=True"),
+    ({"start_powerSGD_iter": -1}, r"start_powerSGD_iter=-1: expected an int >= 0"),
+    ({"min_compression_rate": float("inf")}, r"min_compression_rate=inf: expected a finite number >= 0"),
+    ({"random_seed": 1.5}, r"random_seed=1.5: expected an int >= 0"),
+])
+def test_powersgd_for_fsdp2_refuses_bad_settings_by_name(kwargs, match):
+    with pytest.raises(ValueError, match=match):  # the settings are checked before the model
+        register_powersgd_fsdp(_mlp(), **kwargs)
+
+
+def test_powersgd_for_fsdp2_refuses_a_module_fsdp2_does_not_shard():
+    with pytest.raises(TypeError, match=r"invalid model, a Sequential: expected a module fully_shard'ed by FSDP2"):
+        register_powersgd_fsdp(_mlp())

@@ -3,9 +3,11 @@
 ``Traffic`` counts, per kind of collective, the calls and the bytes this rank hands to other ranks:
 an all-reduce counts its payload once (``tensor.nbytes``, whatever algorithm the backend runs), an
 all-gather this rank's contribution once (``tensor.nbytes``), an all-to-all the chunks it addresses to
-other ranks (not the one it keeps). These are the figures
-``gradwise estimate --world-size`` predicts and ``optimizer.comm_stats`` reports; FSDP2's own
-all-gather and reduce-scatter of parameters and gradients are not the optimizer's and are not counted.
+other ranks (not the one it keeps), a reduce-scatter likewise the blocks of its input it addresses to other
+ranks (``(world - 1) / world`` of ``input.nbytes``). These are the figures ``gradwise estimate
+--world-size`` predicts and ``optimizer.comm_stats`` reports; FSDP2's own all-gather and reduce-scatter of
+parameters and gradients are not the optimizer's and are not counted (PowerSGD's replacement of that
+reduce-scatter counts its own: ``gradwise/distributed/powersgd_fsdp.py``).
 """
 from __future__ import annotations
 
@@ -62,6 +64,15 @@ def all_reduce_started(tensor: Tensor, group, traffic: Traffic):
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
     traffic.record("all_reduce", tensor.nbytes)
     return work
+
+
+def reduce_scatter(output: Tensor, input: Tensor, op, group, traffic: Traffic) -> Tensor:
+    """``input`` (``world`` equal blocks, flat) reduced by ``op`` (a ``dist.ReduceOp``) over ``group``; this
+    rank's block of the result written to ``output``. Counted as ``reduce_scatter``: the other ranks' blocks."""
+    world = dist.get_world_size(group)
+    dist.reduce_scatter_single(output, input, op=op, group=group)
+    traffic.record("reduce_scatter", input.nbytes * (world - 1) // world)
+    return output
 
 
 def all_gather(tensor: Tensor, group, traffic: Traffic) -> list[Tensor]:
