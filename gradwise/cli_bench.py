@@ -25,9 +25,10 @@ RECIPES = {
     "SGD": ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True}, 20),  # 12 without momentum
     # read p, g, z, v; write p, z, v
     "ScheduleFreeAdamW": ("ScheduleFreeAdamW", {"lr": 2.5e-3, "weight_decay": 0.1}, 28),
-    # prologue: read p (unit norms), g twice (unit norms, means), g again to write the shaped g'; shrink: read and
-    # write p; elementwise step: read p, g' and 5 buffers (2 momenta, v, max v, slow weights), write p and the 5
-    "Ranger21": ("Ranger21", {"lr": 1e-3, "num_iterations": 10_000}, 80),
+    # prologue: read p (unit norms), g twice (unit norms, means), g again to write the shaped g', g' once more (PNM's
+    # sum of squares); shrink: read p twice (unit norms, the multiply), write p; elementwise step: read p, g' and 5
+    # buffers (2 momenta, v, max v, slow weights), write p and the 5
+    "Ranger21": ("Ranger21", {"lr": 1e-3, "num_iterations": 10_000}, 88),
     # encoded state (tensors under 4096 elements stay fp32): read p, g, codes of m and v; write p and codes
     "AdamW-bf16": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "bf16"}, 20),
     "AdamW-int8": ("AdamW", {"lr": 1e-3, "weight_decay": 0.1, "state": "int8"}, 16),

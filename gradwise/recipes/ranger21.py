@@ -91,7 +91,7 @@ class Ranger21(Optimizer):
             hyper.update(momentum=momentum)
         else:
             moments = scale_by_pnm_adam(renormalize=using_normgc, gc_conv_only=gc_conv_only, belief=use_adabelief,
-                                        second_moment_statistics=True)
+                                        second_moment_statistics=True, centered=using_gc)
             links += [moments, decay, scale_by_schedule(schedule), scale_by_learning_rate()]
             hyper.update(pnm_momentum_factor=pnm_momentum_factor)
         links += [lookahead(evaluate_slow=lookahead_load_at_validation)] if lookahead_active else []

@@ -20,7 +20,10 @@ Ranger21's code (both the authors' package and pytorch-optimizer's) feeds v the 
 normalized gradient and the momenta that gradient centralized and normalized once more; with
 ``recentralize`` / ``renormalize`` this transform repeats those steps for the momenta, to match it;
 ``renormalize`` alone (the input already centralized, as Ranger21's is) is a factor per tensor that
-``prepare`` finds on the whole input, so the update stays elementwise.
+``prepare`` finds on the whole input, so the update stays elementwise. With ``centered`` (the input
+already centralized, as Ranger21's with ``using_gc``) the mean that factor's standard deviation
+subtracts is 0 up to rounding for every tensor centralization reshapes, so ``prepare`` reads such an
+input once (its sum of squares), not twice.
 With ``second_moment_statistics`` it reports the sum of v_t / (1 - b2^t) over the step's parameters
 (``regularizers.SECOND_MOMENT``, from a 0-d running sum of v), which Ranger21's stable weight decay reads.
 """
@@ -60,8 +63,10 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
     }
 
     def __init__(self, recentralize: bool = False, renormalize: bool = False, gc_conv_only: bool = False,
-                 belief: bool = False, second_moment_statistics: bool = False):
+                 belief: bool = False, second_moment_statistics: bool = False, centered: bool = False):
+        boolean("centered", centered)
         self.recentralize, self.renormalize, self.gc_conv_only = recentralize, renormalize, gc_conv_only
+        self.centered = centered
         self.belief, self.second_moment_statistics = belief, second_moment_statistics
         self.elementwise = not recentralize
         # renormalizing alone is a per-tensor factor of the input, found on the whole input (prepare)
@@ -88,14 +93,17 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         if self.scaled:
             squares = []
             for u, scale in zip(updates, state["momentum_scale"]):
-                # one pass: the variance and mean give both the factor and, when asked, sum(u^2)
                 # two fast reductions give both the factor and, when asked, sum(u^2): (n - 1) var =
-                # sum(u^2) - n mean^2 (var_mean's one pass is several times slower on CPU)
+                # sum(u^2) - n mean^2 (var_mean's one pass is several times slower on CPU); one for a
+                # centralized input, whose mean is 0 up to rounding (``centered``)
                 n, square = u.numel(), sum_of_squares(u)
                 squares.append(square)
                 if n > 2:
-                    mean = u.sum().double() / n
-                    std = ((square - n * mean * mean).clamp_min(0) / (n - 1)).sqrt()
+                    if self.centered and u.dim() > (3 if self.gc_conv_only else 1):
+                        std = (square / (n - 1)).sqrt()
+                    else:
+                        mean = u.sum().double() / n
+                        std = ((square - n * mean * mean).clamp_min(0) / (n - 1)).sqrt()
                     scale.copy_(1 / (std + NORMALIZE_EPS))
                 else:
                     scale.fill_(1.0)
@@ -171,13 +179,16 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return (f"scale_by_pnm_adam(recentralize={self.recentralize}, renormalize={self.renormalize},"
-                f" belief={self.belief}, second_moment_statistics={self.second_moment_statistics})")
+                f" belief={self.belief}, second_moment_statistics={self.second_moment_statistics},"
+                f" centered={self.centered})")
 
 
 def softplus(x: Tensor, beta: float) -> Tensor:
-    """``F.softplus(x, beta)`` (log(1 + exp(beta x)) / beta, x itself where beta x > 20); traced, with the
-    division by ``beta`` a multiplication by 1 / beta (a compiled CPU step's vector units are busy enough)."""
+    """``F.softplus(x, beta)`` (log(1 + exp(beta x)) / beta, x itself where beta x > 20) for x >= 0 (PNM's
+    denominator: at least eps); traced, with the division by ``beta`` a multiplication by 1 / beta and
+    log(1 + y) for log1p(y): y = exp(beta x) >= 1 makes 1 + y exact to a rounding, and log costs a compiled
+    CPU step less than log1p (the step's vector units are its bottleneck, not memory)."""
     if not torch.compiler.is_compiling():
         return F.softplus(x, beta=beta)
     scaled = x * beta
-    return torch.where(scaled > 20.0, x, torch.log1p(torch.exp(scaled)) * (1 / beta))
+    return torch.where(scaled > 20.0, x, torch.log(torch.exp(scaled) + 1.0) * (1 / beta))
