@@ -183,6 +183,22 @@ class Transform:
             if _kept_here(t, own := strip_namespace(namespace, state)):
                 t.advance(own, hyper, strip_namespace(namespace, scalars))
 
+    def advance_many(self, states: list[Mapping[str, Tensor]], hyper: Mapping[str, Any],
+                     scalars: Mapping[str, float]) -> None:
+        """``advance`` on each of a bucket's states (parameters of one step count, so one ``scalars``): what the
+        optimizer calls. A transform that defines ``advance`` runs it on each state; one may override this
+        to advance the whole bucket in one op per list, bit for bit as ``advance`` on each would
+        (Schedule-Free's). A composite that does not define ``advance`` hands the bucket on to the wrapped
+        transforms that use it, one call each."""
+        if "advance" in self.hooks:
+            for state in states:
+                self.advance(state, hyper, scalars)
+            return
+        for namespace, t in _wrapped_using(self, "advance"):
+            own = [s for s in (strip_namespace(namespace, st) for st in states) if _kept_here(t, s)]
+            if own:
+                t.advance_many(own, hyper, strip_namespace(namespace, scalars))
+
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 
