@@ -237,7 +237,7 @@ class PhasedStep(ShardedStep):
         seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]
-        keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
+        keys = [k for k in phase.run_state if k in states[plain[0]]] if plain else []
         if not encoded and not isinstance(params[0], DTensor) and not params[0].is_complex():
             views, given = params, inputs  # what ``local`` gives for every tensor of the bucket
             own = [{k: st[k] for k in keys} for st in states]

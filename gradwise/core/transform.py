@@ -114,6 +114,9 @@ class Transform:
     #: the ``state`` buffers that are a copy of the weights (Schedule-Free's z): ``state=`` never
     #: encodes them, as a codec's rounding error in them is an error in the weights themselves.
     weights_like: tuple[str, ...] = ()
+    #: the ``state`` only ``advance`` reads and writes (0-d values ``update`` never reads: Schedule-Free's lr_max
+    #: and weight sum): a step does not hand it to ``update``, so a compiled step takes no guarded input for it
+    advance_only: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
     #: the whole-number attributes (>= 0) the transform counts events in (Shampoo's ``eigh_failures``):
     #: the optimizer saves them in ``state_dict()`` and sets them back in ``load_state_dict`` (``counters_of``).

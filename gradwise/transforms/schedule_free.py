@@ -54,6 +54,7 @@ class scale_by_schedule_free(Transform):  # noqa: N801
     name = "schedule_free"
     state = ("z", "lr_max", "weight_sum", "ckp1")
     weights_like = ("z",)
+    advance_only = ("lr_max", "weight_sum")
 
     def __init__(self, beta: str = "momentum"):
         self.beta = beta
