@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gradwise
-from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, scale_by_rms
+from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, scale_by_rms, scale_by_schedule_free
 from tests.models import mlp, regression_batch
 from tests.registry import _schedulefree
 
@@ -167,3 +167,52 @@ def test_bfloat16_parameters_move_between_points_through_float32_z():
     optimizer.train()
     for a, b in zip(_weights(model), y):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("power", [2.0, 1.0, 1.5, 0.7, 0.5])
+def test_a_bucket_advances_bit_for_bit_as_each_parameter_would(power):
+    """advance_many (one op per list over a bucket) against advance on each state, on states that differ
+    (parameters that missed steps), through warmup: every lr_max, weight sum and ckp1 has the same bits."""
+    link = scale_by_schedule_free("betas")
+    generator = torch.Generator().manual_seed(0)
+    states = [link.init(torch.zeros(3, dtype=torch.float64), {}) for _ in range(500)]
+    for st in states[::2]:  # (a vector pow on the CPU rounds about one element in 60 otherwise: SLEEF's)
+        st["lr_max"].copy_(torch.rand((), generator=generator, dtype=torch.float64))
+        st["weight_sum"].copy_(torch.rand((), generator=generator, dtype=torch.float64))
+    each = copy.deepcopy(states)
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), warmup_steps=3, r=0.5, weight_lr_power=power)
+    for step in range(1, 7):
+        scalars = link.scalars(hyper, step)
+        link.advance_many(states, hyper, scalars)
+        for st in each:
+            link.advance(st, hyper, scalars)
+    for a, b in zip(states, each):
+        assert all(torch.equal(a[k], b[k]) for k in ("lr_max", "weight_sum", "ckp1")), (a, b)
+
+
+
+def test_a_skipped_step_puts_back_every_parameters_0d_state():
+    """A guard skips a step after advance wrote the 0-d state of buckets of two step counts: the state
+    (0-d state and step counts included) is as before, bit for bit, and the run goes on as one that never
+    saw that step."""
+    def grad(seed: int) -> torch.Tensor:
+        return torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+    def run(skip: bool) -> list[torch.Tensor]:
+        ps = [torch.nn.Parameter(grad(100 + i)) for i in range(5)]
+        optimizer = gradwise.ScheduleFreeAdamW(ps, lr=0.01, warmup_steps=2, r=0.5, skip_nonfinite=True,
+                                               compile=False)
+        for step in range(4):
+            for i, p in enumerate(ps):  # the last two miss the first step: two step counts
+                p.grad = None if step == 0 and i >= 3 else grad(10 * step + i)
+            optimizer.step()
+            if step == 2 and skip:
+                before = copy.deepcopy(optimizer.state_dict()["state"])
+                ps[4].grad[0, 0] = float("nan")
+                optimizer.step()
+                assert optimizer.skipped_steps == 1
+                after = optimizer.state_dict()["state"]
+                assert all(torch.equal(after[k][key], v) for k, st in before.items() for key, v in st.items())
+        return [p.detach().clone() for p in ps]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(skip=True), run(skip=False)))

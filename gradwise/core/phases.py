@@ -55,6 +55,8 @@ class Phase(Transform):
         self.run_start = self.run_end = self.run_reads_params = self.run_writes_params = False
         self.writes = tuple(_keys(links if reducer is None or not reducer[1].prepares else [*links, reducer]))
         self.state = tuple(dict.fromkeys([*self.writes, *_keys([reducer] if reducer else [])]))
+        #: ``state`` less what only ``advance`` touches (``Transform.advance_only``): what a run hands the links
+        self.run_state = tuple(k for k in self.state if k not in set(_keys(links, "advance_only")))
         # a reducer that prepares sees whole tensors
         self.elementwise = all(t.elementwise for _, t in links) and not (reducer and reducer[1].prepares)
         self.batched = any(t.batched for _, t in links)
@@ -234,5 +236,5 @@ def skips(ops: Mapping[str, str], totals: Mapping[str, Tensor]) -> bool:
     return bool(torch.stack(flags).any()) if flags else False
 
 
-def _keys(links) -> list[str]:
-    return [f"{namespace}.{k}" if namespace else k for namespace, t in links for k in t.state]
+def _keys(links, attribute: str = "state") -> list[str]:
+    return [f"{namespace}.{k}" if namespace else k for namespace, t in links for k in getattr(t, attribute)]

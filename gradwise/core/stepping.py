@@ -50,7 +50,8 @@ class Bucket:
     static: dict[str, Any]
     inputs: list[Tensor]
     fresh: list[Tensor] = field(default_factory=list)
-    saved: list[dict[str, Tensor]] = field(default_factory=list)
+    #: the 0-d state a roll back puts back (``_snapshot``)
+    saved: list[tuple[list[Tensor], Tensor]] = field(default_factory=list)
     done: bool = False
     #: each parameter's ``Sharding`` when they are sharded over ranks, else None
     sharding: list[Sharding] | None = None
@@ -139,8 +140,6 @@ class PhasedStep(ShardedStep):
         advances = self._uses(transform, "advance")
         # 0-d state that advance() or a link's prepare() writes is put back by a roll back
         writes_0d = advances or any(ph.reducer and ph.reducer[1].prepares for ph in phases)
-        saved = [{k: v.clone() for k, v in st.items() if v.dim() == 0 and k != "step"} for st in states] \
-            if writes_0d else [{} for _ in states]
         steps = [st["step"] for st in states]
         by_step: dict[int, list[int]] = defaultdict(list)
         for i, count in enumerate(steps):
@@ -159,14 +158,16 @@ class PhasedStep(ShardedStep):
         out = []
         for ordinal, (step, members) in enumerate(by_step.items()):
             scalars = scalars_of[step]
-            for i in members if advances else ():
-                transform.advance({k: local(v) for k, v in states[i].items() if k != "step"}, group, scalars)
-            values, layout = constants.pack((id(group), slot, ordinal), hyper, scalars, dtype, device)
             whole = len(members) == len(params)
             chosen = params if whole else [params[i] for i in members]
-            out.append(Bucket(group, phases, chosen, states if whole else [states[i] for i in members], values,
-                              layout, static, [p.grad for p in chosen], [p for p in chosen if id(p) in fresh],
-                              saved if whole else [saved[i] for i in members],
+            chosen_states = states if whole else [states[i] for i in members]
+            saved = _snapshot(chosen_states, sharded) if writes_0d else []
+            if advances:  # the whole bucket in one call (a link may advance it in one op per list)
+                transform.advance_many([{k: local(v) if sharded else v for k, v in st.items() if k != "step"}
+                                        for st in chosen_states], group, scalars)
+            values, layout = constants.pack((id(group), slot, ordinal), hyper, scalars, dtype, device)
+            out.append(Bucket(group, phases, chosen, chosen_states, values, layout, static,
+                              [p.grad for p in chosen], [p for p in chosen if id(p) in fresh], saved,
                               sharding=[sharding(p) for p in chosen] if sharded else None))
         return out
 
@@ -236,7 +237,7 @@ class PhasedStep(ShardedStep):
         seeds = [seed(int(states[i]["step"]), self._position(bucket.key(i)), "param") for i in plain] \
             if phase.last and rounds_stochastically(static, params[0].dtype) else None
         starts = [0] * len(plain) if bucket.sharding is None else [bucket.sharding[i].offset for i in plain]
-        keys = [k for k in phase.state if k in states[plain[0]]] if plain else []
+        keys = [k for k in phase.run_state if k in states[plain[0]]] if plain else []
         if not encoded and not isinstance(params[0], DTensor) and not params[0].is_complex():
             views, given = params, inputs  # what ``local`` gives for every tensor of the bucket
             own = [{k: st[k] for k in keys} for st in states]
@@ -370,13 +371,26 @@ class PhasedStep(ShardedStep):
         return hyper, static
 
 
+def _snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
+    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as
+    (the tensors, a stacked copy of them) per key: one stack per key, not a clone per tensor, which a step
+    of many parameters would pay once per parameter and key; ``_roll_back`` copies them back. (A key's
+    tensors are made alike, by one link's ``init``, on the parameters' device; ``sharded``: their local parts.)"""
+    kept: dict[str, list[Tensor]] = defaultdict(list)
+    for st in states:
+        for k, v in st.items():
+            if k != "step" and v.dim() == 0:
+                kept[k].append(local(v) if sharded else v)
+    return [(tensors, torch.stack(tensors)) for tensors in kept.values()]
+
+
 def _roll_back(optimizer, buckets: list[Bucket]) -> None:
     """Undo what preparing ``buckets`` did: step counters, ``advance``'s 0-d state, fresh state."""
     for b in buckets:
-        for st, old in zip(b.states, b.saved):
+        for st in b.states:
             st["step"] -= 1
-            for k, v in old.items():
-                st[k].copy_(v)
+        for tensors, old in b.saved:
+            torch._foreach_copy_(tensors, list(old.unbind()))
         for p in b.fresh:
             optimizer.state.pop(p, None)
 

@@ -114,6 +114,9 @@ class Transform:
     #: the ``state`` buffers that are a copy of the weights (Schedule-Free's z): ``state=`` never
     #: encodes them, as a codec's rounding error in them is an error in the weights themselves.
     weights_like: tuple[str, ...] = ()
+    #: the ``state`` only ``advance`` reads and writes (0-d values ``update`` never reads: Schedule-Free's lr_max
+    #: and weight sum): a step does not hand it to ``update``, so a compiled step takes no guarded input for it
+    advance_only: tuple[str, ...] = ()
     hyper: Mapping[str, Hyper] = {}
     #: the whole-number attributes (>= 0) the transform counts events in (Shampoo's ``eigh_failures``):
     #: the optimizer saves them in ``state_dict()`` and sets them back in ``load_state_dict`` (``counters_of``).
@@ -182,6 +185,22 @@ class Transform:
         for namespace, t in _wrapped_using(self, "advance"):
             if _kept_here(t, own := strip_namespace(namespace, state)):
                 t.advance(own, hyper, strip_namespace(namespace, scalars))
+
+    def advance_many(self, states: list[Mapping[str, Tensor]], hyper: Mapping[str, Any],
+                     scalars: Mapping[str, float]) -> None:
+        """``advance`` on each of a bucket's states (parameters of one step count, so one ``scalars``): what the
+        optimizer calls. A transform that defines ``advance`` runs it on each state; one may override this
+        to advance the whole bucket in one op per list, bit for bit as ``advance`` on each would
+        (Schedule-Free's). A composite that does not define ``advance`` hands the bucket on to the wrapped
+        transforms that use it, one call each."""
+        if "advance" in self.hooks:
+            for state in states:
+                self.advance(state, hyper, scalars)
+            return
+        for namespace, t in _wrapped_using(self, "advance"):
+            own = [s for s in (strip_namespace(namespace, st) for st in states) if _kept_here(t, s)]
+            if own:
+                t.advance_many(own, hyper, strip_namespace(namespace, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError

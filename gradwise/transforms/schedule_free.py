@@ -54,6 +54,7 @@ class scale_by_schedule_free(Transform):  # noqa: N801
     name = "schedule_free"
     state = ("z", "lr_max", "weight_sum", "ckp1")
     weights_like = ("z",)
+    advance_only = ("lr_max", "weight_sum")
 
     def __init__(self, beta: str = "momentum"):
         self.beta = beta
@@ -96,6 +97,20 @@ class scale_by_schedule_free(Transform):  # noqa: N801
         weight_sum.add_(weight)
         state["ckp1"].copy_(torch.where(weight_sum > 0, weight / weight_sum, 0.0))
 
+    def advance_many(self, states, hyper, scalars) -> None:
+        """``advance`` on every state of a bucket, bit for bit, in a few ops on stacked copies of the 0-d
+        state and one foreach copy back per key, instead of a few ops per parameter."""
+        if len(states) < 2:
+            super().advance_many(states, hyper, scalars)
+            return
+        lr_maxes, sums, ckp1s = ([st[k] for st in states] for k in ("lr_max", "weight_sum", "ckp1"))
+        lr_max = torch.stack(lr_maxes).clamp_(min=scalars["scheduled_lr"])
+        weight = scalars["step_weight"] * _pow_each(lr_max, hyper["weight_lr_power"])
+        weight_sum = torch.stack(sums).add_(weight)
+        for tensors, new in ((lr_maxes, lr_max), (sums, weight_sum),
+                             (ckp1s, torch.where(weight_sum > 0, weight / weight_sum, 0.0))):
+            torch._foreach_copy_(tensors, list(new.unbind()))
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
         lr = ctx["scheduled_lr"]
@@ -117,3 +132,12 @@ class scale_by_schedule_free(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return f"scale_by_schedule_free(beta={self.beta!r})"
+
+
+def _pow_each(x: Tensor, exponent: float) -> Tensor:
+    """``x ** exponent`` whose every element has the bits of its own 0-d ``x[i] ** exponent``: the CPU's vector
+    pow (SLEEF's) rounds some elements otherwise, so there each is its own op (a foreach call); CUDA's
+    kernel computes every element alike."""
+    if x.device.type == "cuda":
+        return x**exponent
+    return torch.stack(torch._foreach_pow(list(x.unbind()), exponent))
