@@ -12,10 +12,11 @@ between them; no float copy of the state is written. Its sizes are symbolic (the
 whole blocks is the block; a last block's row count is 1): one graph serves every parameter.
 
 A block codec's new codes and scales leave the graph as tensors of their own, copied into the parts
-after it (``store_run``; 2 bytes an element for two 8-bit moments). Written in the graph, the scales'
-copy steps over 16 rows at a time, which keeps inductor's CPU backend from fusing the row loops, and
-the codes are overwritten where the update reads them: the order this puts between the update and the
-encode makes torch 2.13's fusion of the row loops fail (``KeyError`` in ``LoopBody.get_read_expr``).
+after it (``store_run``: a byte read and one written an element per 8-bit moment). In the graph, the
+scales' copy steps over 16 rows at a time, which keeps inductor's CPU backend from fusing the row
+loops, and the codes are overwritten where the update reads them: the order this puts between the
+update and the encode makes torch 2.13's fusion of the row loops fail (``KeyError`` in
+``LoopBody.get_read_expr``, asked where an ordering-only user reads a buffer).
 
 In the parameter's own shape instead (``fused.coded_step``), a block's elements are found through
 the parameter's rows, an index inductor recomputes per element in scalar code, and the slices of
