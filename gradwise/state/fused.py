@@ -65,7 +65,10 @@ class CompiledCodedStep:
     counted. ``recompute``: graphs of at most ``RECOMPUTE_OPS`` operations compile with ``RECOMPUTE``
     (a run's step: the decoded state is recomputed in the pass that reduces a block's new scale and in
     the one that encodes it and updates the parameter, where by default it is stored, a float32 copy
-    written to memory and read back by each loop). The settings are patched around this compile only."""
+    written to memory and read back by each loop). The settings are patched around this compile only.
+    The engine does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read
+    and overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes
+    do (``gradwise.state.runs``)."""
 
     def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False, recompute: bool = False):
         self.phase = phase
