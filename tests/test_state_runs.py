@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._inductor.config
 
 import gradwise
 from gradwise.state import StatePolicy
 from gradwise.state.codec import codec_from
 from gradwise.state.quantize import block_pieces
+from gradwise.state.runs import store_run
 
 #: codecs whose buffers step on runs, with small blocks; int4's first moments round stochastically
 TAGS = ["fp8-b64", "int8-b64-block", "int4-b64", "int8-b64-stochastic", "bf16"]
@@ -33,7 +35,8 @@ def test_runs_store_what_the_whole_buffer_stores(tag, signed):
     decoded = []
     for start, stop, rows in block_pieces(x.numel(), 64):
         parts = codec.run_parts(runs, start, stop, rows)
-        codec.encode_run(x.view(-1)[start:stop].view(rows, -1), parts, signed, seed, torch.tensor(start))
+        later = codec.encode_run(x.view(-1)[start:stop].view(rows, -1), parts, signed, seed, torch.tensor(start))
+        store_run({"m": parts}, {"m": later})
         decoded.append(codec.decode_run(parts, signed, torch.float32).view(-1))
     for name, part in whole.items():
         assert torch.equal(part.view(torch.uint8), runs[name].view(torch.uint8)), name
@@ -65,7 +68,10 @@ def test_compiled_equals_eager_on_a_short_last_block():
     """The reproducer of the short last block: compiled against eager, element by element, the whole
     blocks in one graph and the last block in another (sizes symbolic: the graphs serve every
     parameter; dynamo specializes a run of one row and one at the start of its buffer)."""
+    threshold = torch._inductor.config.realize_reads_threshold
     (eager, eager_opt), (compiled, compiled_opt) = _run(False), _run(True)
+    # the runs' graphs recompute the decoded state (gradwise.state.fused.RECOMPUTE) under a patch of their own
+    assert torch._inductor.config.realize_reads_threshold == threshold
     torch.testing.assert_close(eager, compiled, rtol=1e-5, atol=1e-6)
     eager_state, compiled_state = eager_opt.state[eager], compiled_opt.state[compiled]
     assert sorted(eager_state) == sorted(compiled_state) and any("fp8" in k for k in eager_state)

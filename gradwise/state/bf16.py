@@ -57,4 +57,5 @@ class BF16(Codec):
         return parts["value"].to(dtype)
 
     def encode_run(self, x, parts, signed, seed, start):
-        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, start))
+        parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, start))  # elementwise: in place
+        return {}

@@ -75,9 +75,13 @@ class Codec:
         """A run's values from its ``run_parts``, a block a row."""
         raise NotImplementedError
 
-    def encode_run(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, start: Tensor) -> None:
-        """Store a run (``x``: a block a row; ``start``: its first element's flat index, 0-d) into its
-        ``run_parts``."""
+    def encode_run(self, x: Tensor, parts: dict[str, Tensor], signed: bool, seed: Tensor, start: Tensor
+                   ) -> dict[str, Tensor]:
+        """Encode a run (``x``: a block a row; ``start``: its first element's flat index, 0-d): store it
+        into its ``run_parts``, or return new parts (by name, shaped like them) for the caller to copy
+        into them after the step (``gradwise.state.runs.store_run``). A codec that reduces a block (its
+        scale) returns its parts: written in the compiled step, they are read and overwritten in one
+        graph, and the ordering inductor then keeps between its loops costs the step its one loop."""
         raise NotImplementedError
 
     def nbytes(self, shape: torch.Size, signed: bool) -> int:

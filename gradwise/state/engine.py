@@ -22,7 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
-from gradwise.state.runs import cut_runs, plan_runs, step_run
+from gradwise.state.runs import cut_runs, plan_runs, step_run, store_run
 from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
@@ -36,8 +36,9 @@ class EncodedState:
         self.transform = transform
         self.nonnegative = frozenset(transform.nonnegative)
         self.weights_like = frozenset(transform.weights_like)
-        self._compiled: dict[Phase, CompiledCodedStep] = {}  # one per phase that runs (chains of routes, phases)
-        self._compiled_runs: dict[Phase, CompiledCodedStep] = {}  # the same, on runs of flat blocks
+        #: one per phase that runs (chains of routes, phases), and whether it recomputes (``_step``)
+        self._compiled: dict[tuple[Phase, bool], CompiledCodedStep] = {}
+        self._compiled_runs: dict[tuple[Phase, bool], CompiledCodedStep] = {}  # the same, on runs of flat blocks
         self._specs: dict[tuple, Specs] = {}
         #: where the collectives of encoding sharded state are counted (set by the optimizer: its ``traffic``)
         self.traffic: Traffic | None = None
@@ -119,35 +120,40 @@ class EncodedState:
             output = None if outputs is None else local(outputs[i])
             runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
             if runs is not None:
+                # a plain buffer written in the graph keeps the decoded state stored (fused.RECOMPUTE)
+                key = (phase, plain.keys().isdisjoint(phase.writes))
                 for run in cut_runs(runs, specs, p, inputs[i], plain, parts, param_seed, output):
-                    compiled = self._step(self._compiled_runs, step_run, phase, (specs, *run, seeds, values, layout_,
-                                          static), compiled, run[0].numel() < 2, fall_back, parts_out)
+                    (reduced, later), compiled = self._step(self._compiled_runs, key, step_run, (
+                        specs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2, fall_back)
+                    store_run(run[3], later)
+                    parts_out.append(reduced)
                 continue
             args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
-            compiled = self._step(self._compiled, coded_step, phase, args, compiled, p.numel() < 2, fall_back,
-                                  parts_out)
+            reduced, compiled = self._step(self._compiled, (phase, False), coded_step, args, compiled, p.numel() < 2,
+                                           fall_back)
+            parts_out.append(reduced)
         return parts_out
 
-    def _step(self, graphs: dict[Phase, CompiledCodedStep], fn: Callable, phase: Phase, args: tuple, compiled: bool,
-              small: bool, fall_back: Callable[[Exception], None], parts_out: list) -> bool:
-        """``fn(phase, *args)``'s reductions' parts onto ``parts_out``: compiled (its graph in ``graphs``,
-        of symbolic sizes for ``step_run``'s runs) when ``compiled``, else eagerly, as is a ``small``
-        tensor (a graph of its own would cost a compile for nothing) and the rest after a compile that
-        failed; returns whether the next call may compile (False after such a failure)."""
+    def _step(self, graphs: dict[tuple[Phase, bool], CompiledCodedStep], key: tuple[Phase, bool], fn: Callable,
+              args: tuple, compiled: bool, small: bool, fall_back: Callable[[Exception], None]) -> tuple[Any, bool]:
+        """``fn(phase, *args)``'s result (``key``: the phase and whether its graph may recompute, as
+        ``CompiledCodedStep``'s): compiled (its graph in ``graphs``, of symbolic sizes for ``step_run``'s
+        runs) when ``compiled``, else eagerly, as is a ``small`` tensor (a graph of its own would cost a
+        compile for nothing) and the rest after a compile that failed; and whether the next call may
+        compile (False after such a failure)."""
+        phase, recompute = key
         if compiled and not small:
-            if phase not in graphs:
-                graphs[phase] = CompiledCodedStep(phase, fn, dynamic=fn is step_run)
+            if key not in graphs:
+                graphs[key] = CompiledCodedStep(phase, fn, dynamic=fn is step_run, recompute=recompute)
             try:
-                parts_out.append(graphs[phase](*args))
-                return True
+                return graphs[key](*args), True
             except Exception as error:
                 fall_back(error)
                 compiled = False
-        parts_out.append(fn(phase, *args))
-        return compiled
+        return fn(phase, *args), compiled
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:

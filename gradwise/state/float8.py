@@ -38,8 +38,13 @@ class Float8Map:
 
     def __init__(self, root: bool):
         self.root = root
-        self.largest = torch.finfo(self.dtype).max
-        self.smallest = torch.finfo(self.dtype).smallest_normal * 2.0**-3  # the smallest subnormal, 2^-9
+
+    def _limits(self) -> tuple[float, float]:
+        """e4m3's largest value and its smallest subnormal (2^-9), found in the call: compiled, a float
+        attribute or global is a graph input, which every iteration of the loop reloads and divides by
+        (in float64), where these are constants of the graph."""
+        finfo = torch.finfo(self.dtype)
+        return finfo.max, finfo.smallest_normal * 2.0**-3
 
     def codes(self, x: Tensor, scale: Tensor) -> Tensor:
         """The e4m3 bytes (uint8) of ``F x / scale`` rounded to nearest (``F``: e4m3's largest value;
@@ -49,16 +54,17 @@ class Float8Map:
         to ``F`` in the conversion. Every selection is made on float32 values, before the one
         conversion (selecting among bytes with float masks runs several times slower on the CPU
         backend), and each element costs one multiplication by its block's factor, no division."""
-        factor = (self.largest**2 if self.root else self.largest) / torch.where(scale > 0, scale, 1.0)
+        largest, smallest = self._limits()
+        factor = (largest**2 if self.root else largest) / torch.where(scale > 0, scale, 1.0)
         y = torch.where(x.abs() < float("inf"), x * factor, float("nan"))
         if not self.root:
             return y.to(self.dtype).view(torch.uint8)
         y = y.clamp(min=0).sqrt()
-        return torch.where(y > 0, y.clamp(min=self.smallest), y).to(self.dtype).view(torch.uint8)
+        return torch.where(y > 0, y.clamp(min=smallest), y).to(self.dtype).view(torch.uint8)
 
     def value(self, codes: Tensor) -> Tensor:
         """The float32 value of each byte in units of its scale (NaN for the NaN code)."""
-        y = codes.view(self.dtype).to(torch.float32) * (1 / self.largest)
+        y = codes.view(self.dtype).to(torch.float32) * (1 / self._limits()[0])
         return y * y if self.root else y
 
 

@@ -49,24 +49,46 @@ def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: M
     return reduced
 
 
+#: Inductor's settings for a graph that ``recompute``s: a value read by several loops is recomputed in
+#: each from what it reads, whatever the number of buffers it reads (by default, more than 4 make it a
+#: buffer of its own). Its operations still bound it: past inductor's opcount and accumulated-reads
+#: thresholds, left as they are, a value is stored.
+RECOMPUTE = {"realize_reads_threshold": 1 << 20}
+#: Only graphs of at most this many FX operations recompute (AdamW's run with fp8 state: 53), so that a long,
+#: many-branched chain cannot inline without bound.
+RECOMPUTE_OPS = 150
+
+
 class CompiledCodedStep:
     """``torch.compile`` of ``coded_step`` (or of ``fn``, called with the phase first, as
     ``gradwise.state.runs.step_run`` with ``dynamic=True``), private to one optimizer, with its compiles
-    counted."""
+    counted. ``recompute``: graphs of at most ``RECOMPUTE_OPS`` operations compile with ``RECOMPUTE``
+    (a run's step: the decoded state is recomputed in the pass that reduces a block's new scale and in
+    the one that encodes it and updates the parameter, where by default it is stored, a float32 copy
+    written to memory and read back by each loop). The settings are patched around this compile only.
+    The engine does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read
+    and overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes
+    do (``gradwise.state.runs``)."""
 
-    def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False):
+    def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False, recompute: bool = False):
         self.phase = phase
+        self.recompute = recompute
         self.compiles = 0
         self.compile_seconds = 0.0
         self._compiled = torch.compile(private_copy(fn), backend=self._backend, fullgraph=True, dynamic=dynamic)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
+        from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
 
         self.compiles += 1
+        operations = sum(node.op == "call_function" for node in gm.graph.nodes)
+        if self.recompute and operations <= RECOMPUTE_OPS:
+            with config.patch(RECOMPUTE):
+                return compile_fx(gm, example_inputs)
         return compile_fx(gm, example_inputs)
 
-    def __call__(self, *args: Any) -> dict[str, Tensor]:
+    def __call__(self, *args: Any) -> Any:
         before, start = self.compiles, time.perf_counter()
         reduced = self._compiled(self.phase, *args)
         if self.compiles != before:

@@ -34,10 +34,10 @@ from gradwise.core.hyper import choice
 from gradwise.state.codec import Codec, alias, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
+    block_rows_codes,
     decode_block_rows,
     decode_blocks,
     decode_rank1,
-    encode_block_rows,
     encode_blocks,
     encode_rank1,
     pack4,
@@ -181,8 +181,9 @@ class Quantized(Codec):
 
     def encode_run(self, x, parts, signed, seed, start):
         stochastic = self.layout(x.shape, signed)[2]
-        encode_block_rows(x.float(), self.maps[signed], signed, seed if stochastic else None, start,
-                          parts["codes"].view(-1), parts["absmax"], self.bits)
+        codes, absmax = block_rows_codes(x.float(), self.maps[signed], signed, seed if stochastic else None, start,
+                                         self.bits)
+        return {"codes": codes, "absmax": absmax}
 
 
 class Int8(Quantized):

@@ -84,10 +84,20 @@ def encode_block_rows(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tenso
     """Encode ``rows`` (float32, one block a row; ``start``: the flat index of its first element)
     into the codes and the absmax of those blocks. (``start`` is even when ``bits`` is 4: blocks are
     powers of two of at least 2 elements.)"""
+    row_codes, scale = block_rows_codes(rows, code_map, signed, seed, start, bits)
+    codes.copy_(row_codes.view(-1))
+    absmax.copy_(scale)
+
+
+def block_rows_codes(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None, start: int | Tensor,
+                     bits: int = 8) -> tuple[Tensor, Tensor]:
+    """``encode_block_rows``' new parts as tensors of their own: the codes (``uint8``, a block a row,
+    two elements a byte when ``bits`` is 4) and the absmax (one per row)."""
     scale = finite_absmax(rows, 1)
-    row_codes = to_codes(rows, scale, code_map, signed, seed, start=start).view(-1)
-    codes.copy_(pack4(row_codes) if bits == 4 else row_codes)
-    absmax.copy_(scale.view(-1))
+    row_codes = to_codes(rows, scale, code_map, signed, seed, start=start)
+    if bits == 4:
+        row_codes = pack4(row_codes.view(-1)).view(rows.shape[0], -1)
+    return row_codes.to(torch.uint8), scale.view(-1)
 
 
 def decode_block_rows(codes: Tensor, absmax: Tensor, code_map: CodeMap, width: int) -> Tensor:

@@ -6,9 +6,17 @@ block-wise codes and scales, bfloat16), its step runs on runs of whole blocks: t
 whole blocks, then its shorter last block, each given as tensors of its own (``alias``: param, grad,
 state and the parts' slices as ``rows x width`` matrices, one block a row). A run's decode, update
 and encode then index everything by (row, column) and a compiled step fuses them into one loop over
-the rows that reads each element once and keeps a block in cache from the reduction of its new
-scale to its encoding, writing no float copy of the state. Its sizes are symbolic (the width of a
-run of whole blocks is the block; a last block's row count is 1): one graph serves every parameter.
+the rows: per block, one pass reduces the new scales, a second encodes and updates the parameter,
+both recomputing the decoded state from the codes (``fused.RECOMPUTE``) and the block in cache
+between them; no float copy of the state is written. Its sizes are symbolic (the width of a run of
+whole blocks is the block; a last block's row count is 1): one graph serves every parameter.
+
+A block codec's new codes and scales leave the graph as tensors of their own, copied into the parts
+after it (``store_run``: a byte read and one written an element per 8-bit moment). In the graph, the
+scales' copy steps over 16 rows at a time, which keeps inductor's CPU backend from fusing the row
+loops, and the codes are overwritten where the update reads them: the order this puts between the
+update and the encode makes torch 2.13's fusion of the row loops fail (``KeyError`` in
+``LoopBody.get_read_expr``, asked where an ordering-only user reads a buffer).
 
 In the parameter's own shape instead (``fused.coded_step``), a block's elements are found through
 the parameter's rows, an index inductor recomputes per element in scalar code, and the slices of
@@ -71,15 +79,24 @@ def cut_runs(runs, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tenso
 
 def step_run(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
              parts: Mapping[str, Mapping[str, Tensor]], start: Tensor, rounding: Tensor | None, output: Tensor | None,
-             seeds: Tensor, values: Tensor, layout, static) -> dict[str, Tensor]:
+             seeds: Tensor, values: Tensor, layout, static) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
     """``fused.coded_step`` on one run (``cut_runs``); ``start``: the run's first element's flat
-    index (0-d), which stochastic rounding's random bits depend on."""
+    index (0-d), which stochastic rounding's random bits depend on. Returns the reductions' parts and
+    the new parts that the codecs left to store (``Codec.encode_run``), by buffer, for ``store_run``."""
     state = dict(plain)
     for buffer, codec, signed in specs:
         state[buffer] = codec.decode_run(parts[buffer], signed, state_dtype(param))
     reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static,
                         rounding, None if output is None else [output])
+    later = {}
     for i, (buffer, codec, signed) in enumerate(specs):
         if buffer in phase.writes:
-            codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
-    return reduced
+            later[buffer] = codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
+    return reduced, later
+
+
+def store_run(parts: Mapping[str, Mapping[str, Tensor]], later: Mapping[str, Mapping[str, Tensor]]) -> None:
+    """Copy the new parts of a run's buffers (``step_run``'s second result) into its ``run_parts``."""
+    for buffer, new in later.items():
+        for name, value in new.items():
+            parts[buffer][name].copy_(value)
