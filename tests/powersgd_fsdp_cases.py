@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gradwise.distributed.powersgd_fsdp import managed_parameters, register_powersgd_fsdp
-from tests.references.powersgd import PowerSGDMeans
+from tests.references.powersgd import PowerSGDMeans, worker_gradients
 
 WORLD = 2
 
@@ -134,14 +134,7 @@ def case_float64_reference(rank: int) -> None:
     means = PowerSGDMeans(2, params, WORLD)
     zeros = [torch.zeros_like(p) for p in params]
     for step in range(steps):
-        grads = []
-        for worker in range(WORLD):
-            with torch.no_grad():
-                for p, value in zip(reference.parameters(), params):
-                    p.copy_(value)
-            reference.zero_grad()
-            _backward(reference, step, worker)
-            grads.append([p.grad.clone() for p in reference.parameters()])
+        grads = worker_gradients(reference, params, WORLD, lambda m, worker: _backward(m, step, worker))
         mean = [sum(g[i] for g in grads) / WORLD for i in range(len(params))]
         plain = [m.clone() for m in mean]
         if step >= 2:  # PowerSGDMeans compresses pseudo-gradients, synced - worker's: here 0 - (-g) = g

@@ -48,6 +48,7 @@ from tests.distributed_harness import (
 from tests.low_comm_models import DEMO_VARIANTS, ConvNet, dcp_round_trip
 from tests.powersgd_fsdp_cases import CASES as FSDP_CASES
 from tests.references.demo import simulate as simulate_demo
+from tests.references.powersgd import worker_gradients
 
 WORLD_SIZE = 2
 #: DeMo's settings in the tests: blocks of up to 5 x 5, 3 components of each sent
@@ -95,14 +96,7 @@ def _powersgd_reference(steps: int, lr: float, plain: int, rank: int, seed: int)
     q = None
     out = []
     for step in range(steps):
-        grads = []
-        for worker in range(WORLD_SIZE):
-            with torch.no_grad():
-                for p, value in zip(model.parameters(), params):
-                    p.copy_(value)
-            model.zero_grad()
-            _mlp_backward(model, step, worker)
-            grads.append([p.grad.clone() for p in model.parameters()])
+        grads = worker_gradients(model, params, WORLD_SIZE, lambda m, worker: _mlp_backward(m, step, worker))
         mean = [sum(g[i] for g in grads) / WORLD_SIZE for i in range(len(params))]
         if step >= plain:
             matrices = [grads[w][0] + errors[w] for w in range(WORLD_SIZE)]

@@ -43,3 +43,17 @@ class PowerSGDMeans:
             self.errors[i] = [m - approx for m in ms]
             means[i] = approx.view_as(synced[i])
         return means
+
+
+def worker_gradients(model: torch.nn.Module, params: list[torch.Tensor], workers: int, backward) -> list[list]:
+    """Each worker's gradients at ``params``, one process: for worker ``w``, ``model``'s parameters set to
+    ``params``, then ``backward(model, w)``; the workers' gradients, in worker order."""
+    grads = []
+    for worker in range(workers):
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), params):
+                p.copy_(value)
+        model.zero_grad()
+        backward(model, worker)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads
