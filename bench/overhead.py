@@ -32,13 +32,15 @@ from gradwise.cli_bench import WARMUP, positive_int_argument  # noqa: E402
 from gradwise.help_format import HelpFormatter  # noqa: E402
 
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-#: row label -> (library, keyword arguments besides HYPER)
+#: row label -> (library, keyword arguments besides HYPER, attributes set on the optimizer built)
 ROWS = {
-    "torch default": ("torch", {}),
-    "torch foreach": ("torch", {"foreach": True}),
-    "torch fused": ("torch", {"fused": True}),
-    "gradwise default": ("gradwise", {}),
-    "gradwise eager": ("gradwise", {"compile": False}),
+    "torch default": ("torch", {}, {}),
+    "torch foreach": ("torch", {"foreach": True}, {}),
+    "torch fused": ("torch", {"fused": True}, {}),
+    "gradwise default": ("gradwise", {}, {}),
+    "gradwise eager": ("gradwise", {"compile": False}, {}),
+    # every step the general one (``core/steady.py`` off): what the steady step saves, in the same rounds
+    "gradwise general": ("gradwise", {}, {"steady_steps": False}),
 }
 SMALL = {"100 small": (100, (16, 16)), "1000 small": (1000, (16,))}
 
@@ -64,12 +66,15 @@ def build(row: str, params: list):
 
     import gradwise
 
-    library, extra = ROWS[row]
+    library, extra, attributes = ROWS[row]
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for p, q in zip(copies, params):
         p.grad = torch.randn_like(q)  # fixed gradients, reused every step
     cls = torch.optim.AdamW if library == "torch" else gradwise.AdamW
-    return cls(copies, **HYPER, **extra)
+    optimizer = cls(copies, **HYPER, **extra)
+    for name, value in attributes.items():
+        setattr(optimizer, name, value)
+    return optimizer
 
 
 def stepper(optimizer, schedule: bool, total: int):

@@ -31,17 +31,17 @@ from gradwise.core.state_check import (
     put_back_uncast,
     save_counters,
 )
-from gradwise.core.stepping import PhasedStep
+from gradwise.core.steady import SteadyStep
 from gradwise.core.storage import optimizers_taking_state, storage_for
 from gradwise.core.torch_checkpoint import from_torch, is_torch_format, to_torch
 from gradwise.core.transform import Transform, chain
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
 _REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups", "_constants", "_chains", "_keys_of",
-            "_hooks_of", "_expected_state", "_group_specs", "_rounds_of")
+            "_hooks_of", "_expected_state", "_group_specs", "_rounds_of", "_steady")
 
 
-class Optimizer(PhasedStep, torch.optim.Optimizer):
+class Optimizer(SteadyStep, torch.optim.Optimizer):
     """Run ``transform`` as a drop-in ``torch.optim.Optimizer``.
 
     Args:
@@ -272,9 +272,10 @@ class Optimizer(PhasedStep, torch.optim.Optimizer):
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # as torch.no_grad(), without its few microseconds a call
         try:
-            self._check_inputs()
-            if not self._run_step(work):
-                self.skipped_steps += 1
+            if not self._steady_run(work):  # the last step's buckets again, if nothing changed (``core/steady.py``)
+                self._check_inputs()
+                if not self._run_step(work):
+                    self.skipped_steps += 1
         finally:
             torch._C._set_grad_enabled(grad_was)
             self._chains = None

@@ -50,7 +50,7 @@ class Bucket:
     static: dict[str, Any]
     inputs: list[Tensor]
     fresh: list[Tensor] = field(default_factory=list)
-    #: the 0-d state a roll back puts back (``_snapshot``)
+    #: the 0-d state a roll back puts back (``snapshot``)
     saved: list[tuple[list[Tensor], Tensor]] = field(default_factory=list)
     done: bool = False
     #: each parameter's ``Sharding`` when they are sharded over ranks, else None
@@ -101,15 +101,19 @@ class PhasedStep(ShardedStep):
                 if refusing and totals and not bool(torch.stack(list(totals.values())).isfinite().all()):
                     refuse_nonfinite(self, work, refusing[0])  # raises: the handler below undoes the step
                 if "skip" in ops.values() and skips(ops, totals):  # totals are the same on every rank
-                    _roll_back(self, buckets)
+                    roll_back(self, buckets)
                     return False
                 for b in active:
                     b.done = b.phases[r].last
                     b.values, b.layout = with_totals(b.values, b.layout, totals)
         except BaseException:
-            _roll_back(self, [b for b in buckets if not b.done])
+            roll_back(self, [b for b in buckets if not b.done])
             raise
+        self._stepped(work, buckets)
         return True
+
+    def _stepped(self, work: list[tuple[dict[str, Any], list[Tensor]]], buckets: list[Bucket]) -> None:
+        """Called after each step that ran with its buckets (``SteadyStep`` keeps them for the next step)."""
 
     def _rounds(self, plans: dict[int, tuple[Phase, ...]]) -> tuple[dict[int, tuple[Phase, ...]], list]:
         """The plans as their rounds run them (``after_guards``, checked by ``check_rounds``:
@@ -161,7 +165,7 @@ class PhasedStep(ShardedStep):
             whole = len(members) == len(params)
             chosen = params if whole else [params[i] for i in members]
             chosen_states = states if whole else [states[i] for i in members]
-            saved = _snapshot(chosen_states, sharded) if writes_0d else []
+            saved = snapshot(chosen_states, sharded) if writes_0d else []
             if advances:  # the whole bucket in one call (a link may advance it in one op per list)
                 transform.advance_many([{k: local(v) if sharded else v for k, v in st.items() if k != "step"}
                                         for st in chosen_states], group, scalars)
@@ -371,10 +375,10 @@ class PhasedStep(ShardedStep):
         return hyper, static
 
 
-def _snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
+def snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
     """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as
     (the tensors, a stacked copy of them) per key: one stack per key, not a clone per tensor, which a step
-    of many parameters would pay once per parameter and key; ``_roll_back`` copies them back. (A key's
+    of many parameters would pay once per parameter and key; ``roll_back`` copies them back. (A key's
     tensors are made alike, by one link's ``init``, on the parameters' device; ``sharded``: their local parts.)"""
     kept: dict[str, list[Tensor]] = defaultdict(list)
     for st in states:
@@ -384,7 +388,7 @@ def _snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list
     return [(tensors, torch.stack(tensors)) for tensors in kept.values()]
 
 
-def _roll_back(optimizer, buckets: list[Bucket]) -> None:
+def roll_back(optimizer, buckets: list[Bucket]) -> None:
     """Undo what preparing ``buckets`` did: step counters, ``advance``'s 0-d state, fresh state."""
     for b in buckets:
         for st in b.states:

@@ -1,0 +1,221 @@
+"""The steady step (``core/steady.py``): the last step's buckets run again, bit for bit as the general step, and
+the general step runs whenever anything that decided them changed (its checks and errors included)."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import lr_scheduler
+
+from tests.registry import CASES
+
+#: recipes whose step is one phase of plain state on these models: every step after the first is a steady one
+STEADY = {"sgd", "sgd-momentum-dampening", "sgd-nesterov", "adam", "adamw", "lion", "schedule-free-adamw"}
+STEPS = 24
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _groups(model):
+    """Two groups, the first with its own lr, as a loop with a schedule and layer-wise rates has them."""
+    first, *rest = list(model.parameters())
+    return [{"params": [first], "lr": 0.02}, {"params": rest}]
+
+
+def _backward(model, step):
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(16, 4, generator=gen)
+    model.zero_grad()
+    nn.functional.mse_loss(model(x), torch.sin(x.sum(dim=1, keepdim=True))).backward()
+
+
+def _counting_general_steps(opt) -> list[int]:
+    """The steps that ran the general one (its input checks), appended to as they run."""
+    calls, general = [], opt._check_inputs
+
+    def counted():
+        calls.append(len(calls))
+        general()
+    opt._check_inputs = counted
+    return calls
+
+
+def _pair(case, compile=False):
+    """Two equal models and optimizers of ``case``: the first takes steady steps, the second never does."""
+    models = [_mlp(), _mlp()]
+    opts = [case.ours(_groups(m), compile=compile) for m in models]
+    opts[1].steady_steps = False
+    return models, opts
+
+
+def _train(models, opts, steps, first=0, between=None):
+    schedulers = [lr_scheduler.StepLR(o, step_size=4, gamma=0.5) for o in opts]
+    for step in range(first, first + steps):
+        for model, opt, scheduler in zip(models, opts, schedulers):
+            _backward(model, step)
+            if between is not None:
+                between(step, model, opt)
+            opt.step()
+            scheduler.step()
+
+
+def _assert_same(models, opts):
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(a, b), f"{name} differs"
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        mine, theirs = opts[0].state[a], opts[1].state[b]
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert torch.equal(mine[key], theirs[key]), key
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.trains], ids=lambda c: c.name)
+def test_steady_steps_equal_the_general_step_bit_for_bit(case):
+    models, opts = _pair(case)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, STEPS)
+    _assert_same(models, opts)
+    if case.name in STEADY:
+        assert len(general) == 1, f"{len(general)} of {STEPS} steps ran the general step"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["adamw", "lion", "schedule-free-adamw"])
+def test_compiled_steady_steps_equal_the_general_step(name):
+    (case,) = [c for c in CASES if c.name == name]
+    models, opts = _pair(case, compile=True)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 20)
+    _assert_same(models, opts)
+    assert len(general) == 1
+
+
+def _transpose_a_gradient(step, model, opt):
+    if step in (5, 6):  # strided unlike its parameter and state: not one dense run, so it steps eagerly
+        w = model[2].weight
+        w.grad = w.grad.t().contiguous().t()
+
+
+@pytest.mark.slow
+def test_a_gradient_the_graphs_do_not_take_runs_eagerly_as_in_the_general_step():
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case, compile=True)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 10, between=_transpose_a_gradient)
+    _assert_same(models, opts)
+    # the first, the first transposed (the second runs its buckets again: the same parameter eagerly) and the one after
+    assert len(general) == 3
+
+
+def _replace_a_moment(step, model, opt):
+    if step == 5:
+        p = next(model.parameters())
+        opt.state[p]["adam.exp_avg"] = opt.state[p]["adam.exp_avg"].clone() * 0.5
+
+
+def _drop_a_gradient(step, model, opt):
+    if step in (6, 7):
+        model[2].bias.grad = None
+
+
+def _write_a_counter(step, model, opt):
+    if step == 8:
+        opt.state[model[4].weight]["step"].fill_(3)
+
+
+def _change_a_static_option(step, model, opt):
+    if step == 9:
+        opt.param_groups[1]["maximize"] = True
+
+
+def _change_a_hyperparameter(step, model, opt):
+    if step in (3, 10):
+        opt.param_groups[0]["weight_decay"] = 0.1 * step
+
+
+@pytest.mark.parametrize("change", [_replace_a_moment, _drop_a_gradient, _write_a_counter, _change_a_static_option])
+def test_any_change_runs_the_general_step_with_the_same_result(change):
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 16, between=change)
+    _assert_same(models, opts)
+    assert 2 <= len(general) < 16
+
+
+def test_a_new_hyperparameter_value_is_checked_and_taken_by_the_steady_step():
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 16, between=_change_a_hyperparameter)
+    _assert_same(models, opts)
+    assert len(general) == 1
+
+
+def test_a_parameter_of_another_shape_is_refused_by_the_general_step_naming_it():
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    model = _mlp()
+    opt = case.ours(model.named_parameters(), compile=False)
+    _train([model], [opt], 3)
+    model[4].bias.data = torch.zeros(2)
+    model[4].bias.grad = torch.ones(2)
+    with pytest.raises(ValueError, match="4.bias"):
+        opt.step()
+
+
+def _snapshot(model, opt):
+    return [p.detach().clone() for p in model.parameters()], \
+        [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()]
+
+
+def _assert_unchanged(model, opt, before):
+    params, states = before
+    for a, b, want in zip(model.parameters(), params, states):
+        assert torch.equal(a, b)
+        assert all(torch.equal(opt.state[a][k], v) for k, v in want.items())
+
+
+@pytest.mark.parametrize(("spoil", "error", "match"), [
+    (lambda model, opt: setattr(model[2].weight.grad, "data", torch.ones(3, 3)), ValueError, "2.weight.*shape"),
+    (lambda model, opt: (setattr(model[4].bias, "data", torch.zeros(2)), setattr(model[4].bias.grad, "data",
+                                                                                torch.ones(1))), ValueError, "4.bias"),
+    (lambda model, opt: opt.param_groups[0].__setitem__("lr", -1.0), ValueError, "lr"),
+    (lambda model, opt: opt.param_groups[0].__setitem__("betas", (0.9, 1.5)), ValueError, "betas"),
+])
+def test_bad_input_after_steady_steps_is_refused_and_changes_nothing(spoil, error, match):
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    model = _mlp()
+    opt = case.ours(model.named_parameters(), compile=False)
+    _train([model], [opt], 4)
+    _backward(model, 4)
+    spoil(model, opt)
+    before = _snapshot(model, opt)
+    with pytest.raises(error, match=match):
+        opt.step()
+    _assert_unchanged(model, opt, before)
+
+
+def test_load_state_dict_and_add_param_group_run_the_general_step():
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case)
+    _train(models, opts, 4)
+    saved = io.BytesIO()
+    torch.save(opts[0].state_dict(), saved)
+    general = _counting_general_steps(opts[0])
+    for opt in opts:
+        saved.seek(0)
+        opt.load_state_dict(torch.load(saved))
+    _train(models, opts, 2, first=4)
+    extra = [nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))]
+    for opt, p in zip(opts, extra):
+        opt.add_param_group({"params": [p], "lr": 0.1})
+        p.grad = torch.full((3,), 0.5)
+    _train(models, opts, 3, first=6)
+    _assert_same(models, opts)
+    assert torch.equal(extra[0], extra[1]) and not torch.equal(extra[0], torch.ones(3))
+    assert len(general) == 2  # the first step after each
