@@ -50,6 +50,13 @@ class Context:
         copy.__dict__.update(self.__dict__, **changes)
         return copy
 
+    @property
+    def torch_kernels(self) -> bool:
+        """Whether a link may run torch's fused kernel of its ops in place of its list ops: eagerly, under
+        ``compile="auto"`` (the engine's ``static["torch_kernels"]``); never while traced, nor under
+        ``compile=False``, whose eager path keeps the bits of torch.optim's for-loop."""
+        return bool(self.static.get("torch_kernels")) and not torch.compiler.is_compiling()
+
     def active(self, name: str) -> bool:
         """False when the ``zero_is_identity`` hyperparameter ``name`` is 0 for this group."""
         return self.static[f"{name}!=0"]

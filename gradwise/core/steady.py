@@ -12,7 +12,7 @@ buffer, the eager batches or the compiled step) and, at the next step, runs it a
 any write, everything that could have made the general step do otherwise:
 
 - the same param groups (the same objects), each with the same parameters holding gradients, in order, and
-  each group resolving to the same chain;
+  the same transform (a group's chain is resolved from its static hyperparameters, ``Transform.for_group``);
 - every hyperparameter, checked where it changed (``check_hyperparameters``) with the same static values,
   and the engine options a wrapper may put back into a group;
 - every parameter shaped, typed and placed as its state was checked for, every gradient dense and alike
@@ -82,6 +82,7 @@ class Steady:
     """The last step, as ``SteadyStep`` runs it again."""
 
     state: Any  # the optimizer's ``state`` mapping then
+    transform: Any  # and its transform
     groups: list[tuple[dict[str, Any], list[Tensor]]]
     buckets: list[SteadyBucket]
 
@@ -96,7 +97,8 @@ class SteadyStep(PhasedStep):
         """Run ``work`` as the last step's buckets if nothing that decided them changed; False (nothing done)
         when the general step must run."""
         last: Steady | None = self.__dict__.get("_steady")
-        if last is None or not self.steady_steps or last.state is not self.state or len(work) != len(last.groups):
+        if last is None or not self.steady_steps or last.state is not self.state \
+                or last.transform is not self.transform or len(work) != len(last.groups):
             return False
         for (group, params), (kept, kept_params) in zip(work, last.groups):
             if group is not kept or len(params) != len(kept_params) or not all(map(operator.is_, params, kept_params)):
@@ -115,7 +117,8 @@ class SteadyStep(PhasedStep):
         for b in last.buckets:
             hyper, static = (b.hyper, b.static) if id(b.group) not in changed else self._hyper_values(b.group)
             grads = [p.grad for p in b.params]
-            if static != b.static or self.chain_of(b.group) is not b.chain or not _same_state(self.state, b) \
+            # (the same static values resolve to the same chain: ``Transform.for_group`` reads only those)
+            if static != b.static or not _same_state(self.state, b) \
                     or list(map(_VERSION, b.buffers["step"])) != b.versions or not _gradients_fit(b, grads) \
                     or self._runner(b.phase) is not b.runner \
                     or (b.runner is not None and _accepted(b.runner, b.params, grads, b.own) != b.chosen):
@@ -138,7 +141,7 @@ class SteadyStep(PhasedStep):
         scalars = b.chain.scalars(b.group, b.count + 1)
         saved = snapshot(b.states, False) if b.advances else []
         done.append(Bucket(b.group, (b.phase,), b.params, b.states, None, (), static, grads, [], saved))
-        lists.add_(steps, 1)
+        lists.count_up_(steps)
         b.count += 1
         b.versions = list(map(_VERSION, steps))
         if b.advances:
@@ -189,7 +192,7 @@ class SteadyStep(PhasedStep):
                                      [] if runner is None else _accepted(runner, b.params, b.inputs, own),
                                      None if runner is not None else _batches(phase, b.params, keys, buffers),
                                      self._uses(chain, "advance")))
-        self._steady = Steady(self.state, [(g, list(ps)) for g, ps in work], kept)
+        self._steady = Steady(self.state, self.transform, [(g, list(ps)) for g, ps in work], kept)
 
 
 def _same_state(state, b: SteadyBucket) -> bool:

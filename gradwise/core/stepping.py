@@ -155,7 +155,7 @@ class PhasedStep(ShardedStep):
                 if id(p) in fresh:
                     self.state.pop(p, None)
             raise
-        lists.add_(steps, 1)  # one foreach kernel (torch.optim's), not a call per counter
+        lists.count_up_(steps)
         constants = self.__dict__.get("_constants")
         if constants is None:  # (not ``setdefault``: that would build, and drop, one every step)
             constants = self._constants = ConstantBuffers()
@@ -361,9 +361,12 @@ class PhasedStep(ShardedStep):
         return self._positions[0][id(p)]
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``)."""
+        """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``), with the
+        engine's ``torch_kernels`` flag: under ``compile="auto"`` an eager link may run torch's fused kernel
+        of its ops (``Context.torch_kernels``); under ``compile=False`` it runs its list ops, torch's for-loop
+        bits."""
         hyper: dict[str, Any] = {}
-        static: dict[str, Any] = {}
+        static: dict[str, Any] = {"torch_kernels": self.compile == "auto"}
         for key, spec in self.hyper_specs.items():
             value = group[key]
             if spec.static:

@@ -223,7 +223,9 @@ class Transform:
         return splitters[0][1].split_group(group) if splitters else [group]
 
     def for_group(self, group: Mapping[str, Any]) -> "Transform":
-        """The transform that runs on this group's parameters: itself, except under ``route``."""
+        """The transform that runs on this group's parameters: itself, except under ``route``. It reads only the
+        group's static hyperparameters (``Hyper(static=True)``: ``route``, ``amsgrad``), which the steady step
+        (``core/steady.py``) relies on: the same static values, the same chain."""
         return self
 
     def __repr__(self) -> str:

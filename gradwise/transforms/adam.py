@@ -57,7 +57,8 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
                "inv_bias2_sqrt": 1 / math.sqrt(1 - b2**step)}
         if "lr" in hyper:  # for Adam's tail (``_fused_adam``), in double as torch.optim computes them
             lr = float(hyper["lr"])
-            out.update(step_size=-lr / (1 - b1**step), decay=1 - lr * float(hyper.get("weight_decay", 0.0)))
+            out.update(step_size=-lr / (1 - b1**step), decay=1 - lr * float(hyper.get("weight_decay", 0.0)),
+                       step=float(step))
         return out
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
@@ -138,13 +139,43 @@ class _fused_adam(Transform):  # noqa: N801
         if self.lr is None:
             super().apply(updates, state, ctx)
             return
+        if ctx.torch_kernels and _kernel_fits(ctx.params, updates, state):
+            self._torch_kernel(updates, state, ctx)
+            return
         if self.decay is not None and ctx.active("weight_decay"):
             lists.mul_(ctx.params, ctx["decay"])
         m, denominators = self.adam.moments(updates, state, ctx)
         lists.addcdiv_(ctx.params, m, denominators, ctx["step_size"])
 
+    def _torch_kernel(self, updates: list[Tensor], state, ctx: Context) -> None:
+        """The same step in torch's fused Adam kernel (``torch._fused_adamw_``, torch.optim.AdamW's
+        ``fused=True``): one pass over each parameter instead of 8 list ops, whose Python and passes are most
+        of a small model's step. Its rounding is the kernel's (within a float32 rounding of the list ops), its
+        step count ``ctx["step"]``, its numbers the step's packed constants. ``updates`` are the gradients as
+        the chain sees them (negated under ``maximize``), so the kernel's own ``maximize`` stays off."""
+        b1, b2 = ctx["betas"]
+        decay = ctx["weight_decay"].item() if self.decay is not None and ctx.active("weight_decay") else 0.0
+        amsgrad = "max_exp_avg_sq" in state
+        torch._fused_adamw_(ctx.params, updates, state["exp_avg"], state["exp_avg_sq"],
+                            state["max_exp_avg_sq"] if amsgrad else [], [ctx["step"]] * len(updates),
+                            lr=ctx["lr"].item(), beta1=b1.item(), beta2=b2.item(), weight_decay=decay,
+                            eps=ctx["eps"].item(), amsgrad=amsgrad, maximize=False)
+
     def __repr__(self) -> str:
         return "fused(" + ", ".join(repr(t) for t in (self.adam, self.decay, self.lr) if t is not None) + ")"
+
+
+def _kernel_fits(params: list[Tensor], updates: list[Tensor], state) -> bool:
+    """Whether torch's fused Adam kernel takes these lists: contiguous CPU tensors of one floating dtype (the
+    parameters' own, as plain state keeps it), not DTensors. (On CUDA, reading the step's numbers for the
+    kernel would wait for the device; the list ops and the compiled path take them as tensors.)"""
+    dtype = params[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(
+        type(x) in _PLAIN_TENSORS and x.is_cpu and x.dtype == dtype and x.is_contiguous()
+        for tensors in (params, updates, *state.values()) for x in tensors)
+
+
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 
 
 class scale_by_nadam(Transform):  # noqa: N801

@@ -1,0 +1,85 @@
+"""torch's fused kernels on the eager path: under ``compile="auto"`` a small model's Adam and AdamW step runs
+``torch._fused_adamw_`` (``transforms/adam.py``), torch.optim's ``fused=True``; under ``compile=False`` the list
+ops keep the bits of torch.optim's for-loop (``test_parity.py::test_adam_eagerly_has_torchs_bits``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gradwise
+from gradwise.core.eager import EAGER_CHUNK
+from tests.models import mlp, regression_batch
+from tests.test_parity import run_bag
+
+CASES = [("AdamW", {}), ("AdamW", {"amsgrad": True}), ("AdamW", {"maximize": True}), ("AdamW", {"weight_decay": 0.0}),
+         ("Adam", {"decoupled_weight_decay": True, "weight_decay": 0.1})]
+
+
+def _contiguous_params(dtype):
+    """Small tensors batched together, and one long enough to run in pieces (``EAGER_CHUNK``)."""
+    gen = torch.Generator().manual_seed(6)
+    shapes = [(7,), (5, 3), (2, 3, 4, 5), (EAGER_CHUNK + 7,)]
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _halve_lr_every_fourth(optimizer, step):
+    if step and step % 4 == 0:
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.5
+
+
+def _trajectories(name, options, dtype, **ours):
+    kwargs = dict(lr=0.01, betas=(0.8, 0.99), **options)
+    params = _contiguous_params(dtype)
+
+    def run(make):
+        copies = [p.detach().clone().requires_grad_() for p in params]
+        return run_bag(make, copies, dtype, 20, before_step=_halve_lr_every_fourth)
+    return (run(lambda p: getattr(gradwise, name)(p, **ours, **kwargs)),
+            run(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs)))
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=str)
+def test_auto_runs_torchs_fused_kernel_bit_for_bit_in_float64(name, options):
+    mine, fused = _trajectories(name, options, torch.float64)
+    for step, (a, b) in enumerate(zip(mine, fused)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}"
+    eager, _ = _trajectories(name, options, torch.float64, compile=False)
+    assert any(not torch.equal(x, y) for x, y in zip(eager[-1], mine[-1])), "the list ops ran, not the kernel"
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=str)
+def test_auto_is_torchs_fused_step_within_float32_rounding(name, options):
+    """In float32 the kernel reads the step's hyperparameters as the packed float32 constants (torch passes
+    Python doubles): the same step within a float32 rounding of lr, betas and eps."""
+    mine, fused = _trajectories(name, options, torch.float32)
+    for step, (a, b) in enumerate(zip(mine, fused)):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-7, msg=f"step {step}")
+
+
+def test_steady_steps_with_the_kernel_equal_the_general_step():
+    models = [mlp(torch.float32), mlp(torch.float32)]
+    opts = [gradwise.AdamW(m.parameters(), lr=0.01) for m in models]
+    opts[1].steady_steps = False
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5) for o in opts]
+    for step in range(12):
+        x, y = regression_batch(torch.float32, step)
+        for model, opt, scheduler in zip(models, opts, schedulers):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            scheduler.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+        assert all(torch.equal(opts[0].state[a][k], opts[1].state[b][k]) for k in opts[0].state[a])
+
+
+def test_a_non_contiguous_parameter_runs_the_list_ops_with_torchs_for_loop_bits():
+    """The kernel takes contiguous tensors only; a transposed weight's step is the list ops' (torch's for-loop
+    bits, as under ``compile=False``)."""
+    weight = torch.randn(6, 4, generator=torch.Generator().manual_seed(3)).t().requires_grad_()
+    runs = [run_bag(lambda p: make(p, lr=0.01), [weight.detach().clone().t().contiguous().t().requires_grad_()],
+                    torch.float32, 10)
+            for make in (gradwise.AdamW, lambda p, **kw: torch.optim.AdamW(p, foreach=False, **kw))]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(*runs))
