@@ -22,7 +22,7 @@ from torch.fx.experimental import _config as fx_config
 from gradwise.core import lists
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
-from gradwise.core.transform import Context, state_dtype
+from gradwise.core.transform import Context, Namespaced, state_dtype
 
 logger = logging.getLogger("gradwise")
 
@@ -61,9 +61,10 @@ def unpack(values: Tensor, layout: Layout) -> tuple[dict[str, Any], dict[str, An
         kept = _UNPACKED.get(id(values))
         if kept is not None and kept[0] is values and kept[1] == layout:
             return kept[2]
-    out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {}, "reduced": {}}
+    compiling = torch.compiler.is_compiling()
+    out: dict[str, dict[str, Any]] = {"hyper": {}, "scalar": {} if compiling else Namespaced(), "reduced": {}}
     # eagerly, one call for every 0-d view instead of one indexing per entry (traced: the indexing)
-    entries = values if torch.compiler.is_compiling() else values.unbind()
+    entries = values if compiling else values.unbind()
     i = 0
     for kind, name, width in layout:
         if width:

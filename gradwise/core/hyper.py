@@ -22,6 +22,8 @@ import torch
 
 
 def _as_float(value: Any) -> float | None:
+    if type(value) is float:  # (what a scheduler sets every step: no ABC check)
+        return value
     if isinstance(value, bool):
         return None
     if isinstance(value, torch.Tensor):

@@ -49,7 +49,8 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
         transform: the chain to run (``gradwise.chain(...)``).
         compile: ``True`` compiles each bucket's step with ``torch.compile``; ``False`` runs eagerly;
             ``"auto"`` compiles when the parameters hold at least ``AUTO_COMPILE_MIN_NUMEL`` elements
-            and falls back to eager, with a warning, if compilation fails.
+            and falls back to eager, with a warning, if compilation fails; eagerly it lets a link run torch's
+            fused kernel of its ops (Adam's: ``torch._fused_adamw_``), which ``False`` never does.
         skip_nonfinite: start the chain with ``skip_nonfinite()``: a step whose gradients hold NaN or
             inf changes nothing and is counted in ``skipped_steps``.
         state: how state buffers shaped like their parameter are stored between steps: ``None`` or

@@ -44,6 +44,7 @@ from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.stepping import Bucket, PhasedStep, roll_back, snapshot
 from gradwise.core.storage import PlainStorage
+from gradwise.core.transform import Namespaced
 
 _VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
 
@@ -232,6 +233,6 @@ def _batches(phase: Phase, params: list[Tensor], keys: list[str], buffers: dict[
     for i, p in enumerate(params):
         size += p.numel()
         if size >= EAGER_CHUNK or i == len(params) - 1:
-            out.append((start, i + 1, {k: buffers[k][start:i + 1] for k in keys}))
+            out.append((start, i + 1, Namespaced({k: buffers[k][start:i + 1] for k in keys})))
             start, size = i + 1, 0
     return out
