@@ -3,7 +3,9 @@
 parameter sets, where a step's time is mostly Python (checks, bucketing, packing, calls), not arithmetic.
 
 The sets: each arena workload's model (``init_model(0)``), and 100 and 1,000 small tensors. On each set,
-gradwise.AdamW as built by default (``compile="auto"``) and eagerly (``compile=False``) step in turn
+gradwise.AdamW as built by default (``compile="auto"``: on these sets eager, with torch's fused Adam kernel),
+eagerly (``compile=False``: the list ops, torch's for-loop bits) and by default with every step the general one
+(``steady_steps = False``, ``core/steady.py``) step in turn
 with torch.optim.AdamW's three paths (its default, ``foreach=True``, ``fused=True``), all with the same
 hyperparameters and the same fixed random gradients, round after round (the order rotating, so that a
 noisy machine slows every row alike). A round times ``--steps`` steps of each optimizer after ``WARMUP``

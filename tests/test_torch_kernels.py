@@ -1,6 +1,7 @@
 """torch's fused kernels on the eager path: under ``compile="auto"`` a small model's Adam and AdamW step runs
-``torch._fused_adamw_`` (``transforms/adam.py``), torch.optim's ``fused=True``; under ``compile=False`` the list
-ops keep the bits of torch.optim's for-loop (``test_parity.py::test_adam_eagerly_has_torchs_bits``)."""
+``torch._fused_adamw_`` (``transforms/adam.py``) and SGD's ``torch._fused_sgd_`` (``transforms/momentum.py``),
+torch.optim's ``fused=True``; under ``compile=False`` the list ops keep the bits of torch.optim's for-loop
+(``test_parity.py::test_adam_eagerly_has_torchs_bits``)."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,12 @@ from gradwise.core.eager import EAGER_CHUNK
 from tests.models import mlp, regression_batch
 from tests.test_parity import run_bag
 
-CASES = [("AdamW", {}), ("AdamW", {"amsgrad": True}), ("AdamW", {"maximize": True}), ("AdamW", {"weight_decay": 0.0}),
-         ("Adam", {"decoupled_weight_decay": True, "weight_decay": 0.1})]
+ADAM = [("AdamW", {}), ("AdamW", {"amsgrad": True}), ("AdamW", {"maximize": True}), ("AdamW", {"weight_decay": 0.0}),
+        ("Adam", {"decoupled_weight_decay": True, "weight_decay": 0.1})]
+SGD = [("SGD", {}), ("SGD", {"momentum": 0.9}), ("SGD", {"momentum": 0.9, "nesterov": True}),
+       ("SGD", {"momentum": 0.9, "dampening": 0.2}), ("SGD", {"momentum": 0.8, "maximize": True})]
+#: L2 weight decay is a link of its own before the kernel (g + wd p), which torch's kernel adds in its own loop
+L2 = [("SGD", {"momentum": 0.9, "weight_decay": 0.01}), ("Adam", {"weight_decay": 0.1})]
 
 
 def _contiguous_params(dtype):
@@ -29,7 +34,7 @@ def _halve_lr_every_fourth(optimizer, step):
 
 
 def _trajectories(name, options, dtype, **ours):
-    kwargs = dict(lr=0.01, betas=(0.8, 0.99), **options)
+    kwargs = dict(lr=0.01, **({"betas": (0.8, 0.99)} if name != "SGD" else {}), **options)
     params = _contiguous_params(dtype)
 
     def run(make):
@@ -39,17 +44,39 @@ def _trajectories(name, options, dtype, **ours):
             run(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs)))
 
 
-@pytest.mark.parametrize("name, options", CASES, ids=str)
-def test_auto_runs_torchs_fused_kernel_bit_for_bit_in_float64(name, options):
-    mine, fused = _trajectories(name, options, torch.float64)
+def _assert_same(mine, fused):
     for step, (a, b) in enumerate(zip(mine, fused)):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}"
+
+
+@pytest.mark.parametrize("name, options", ADAM + SGD, ids=str)
+def test_auto_runs_torchs_fused_kernel_bit_for_bit_in_float64(name, options):
+    mine, fused = _trajectories(name, options, torch.float64)
+    _assert_same(mine, fused)
     eager, _ = _trajectories(name, options, torch.float64, compile=False)
     assert any(not torch.equal(x, y) for x, y in zip(eager[-1], mine[-1])), "the list ops ran, not the kernel"
 
 
-@pytest.mark.parametrize("name, options", CASES, ids=str)
-def test_auto_is_torchs_fused_step_within_float32_rounding(name, options):
+@pytest.mark.parametrize("name, options", SGD, ids=str)
+def test_auto_sgd_is_torchs_fused_step_bit_for_bit_in_float32(name, options):
+    """SGD's kernel computes in float32 whatever the precision of its numbers: torch's bits."""
+    _assert_same(*_trajectories(name, options, torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name, options", L2, ids=str)
+def test_auto_with_l2_decay_is_torchs_fused_step_within_a_rounding(name, options, dtype):
+    mine, fused = _trajectories(name, options, dtype)
+    tolerance = 1e-14 if dtype == torch.float64 else 2e-6
+    for step, (a, b) in enumerate(zip(mine, fused)):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=tolerance, atol=tolerance / 10, msg=f"step {step}")
+    eager, _ = _trajectories(name, options, dtype, compile=False)
+    assert any(not torch.equal(x, y) for x, y in zip(eager[-1], mine[-1])), "the list ops ran, not the kernel"
+
+
+@pytest.mark.parametrize("name, options", ADAM, ids=str)
+def test_auto_adam_is_torchs_fused_step_within_float32_rounding(name, options):
     """In float32 the kernel reads the step's hyperparameters as the packed float32 constants (torch passes
     Python doubles): the same step within a float32 rounding of lr, betas and eps."""
     mine, fused = _trajectories(name, options, torch.float32)

@@ -158,3 +158,17 @@ def count_up_(counters: list[Tensor]) -> None:
         if one is None:
             one = _ONES[key] = torch.ones((), dtype=c.dtype, device=c.device)
         c.add_(one)
+
+
+def fused_kernel_takes(params: list[Tensor], updates: list[Tensor], state) -> bool:
+    """Whether torch's fused optimizer kernels (``torch._fused_adamw_``, ``torch._fused_sgd_``) take these lists
+    (``state``: a link's state lists by key): contiguous CPU tensors of one floating dtype (the parameters' own,
+    as plain state keeps it), not DTensors. (On CUDA, reading the step's numbers for a kernel would wait for the
+    device; the list ops and the compiled path take them as tensors.)"""
+    dtype = params[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(
+        type(x) in _PLAIN_TENSORS and x.is_cpu and x.dtype == dtype and x.is_contiguous()
+        for tensors in (params, updates, *state.values()) for x in tensors)
+
+
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)

@@ -139,7 +139,7 @@ class _fused_adam(Transform):  # noqa: N801
         if self.lr is None:
             super().apply(updates, state, ctx)
             return
-        if ctx.torch_kernels and _kernel_fits(ctx.params, updates, state):
+        if ctx.torch_kernels and lists.fused_kernel_takes(ctx.params, updates, state):
             self._torch_kernel(updates, state, ctx)
             return
         if self.decay is not None and ctx.active("weight_decay"):
@@ -163,19 +163,6 @@ class _fused_adam(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return "fused(" + ", ".join(repr(t) for t in (self.adam, self.decay, self.lr) if t is not None) + ")"
-
-
-def _kernel_fits(params: list[Tensor], updates: list[Tensor], state) -> bool:
-    """Whether torch's fused Adam kernel takes these lists: contiguous CPU tensors of one floating dtype (the
-    parameters' own, as plain state keeps it), not DTensors. (On CUDA, reading the step's numbers for the
-    kernel would wait for the device; the list ops and the compiled path take them as tensors.)"""
-    dtype = params[0].dtype
-    return dtype in (torch.float32, torch.float64) and all(
-        type(x) in _PLAIN_TENSORS and x.is_cpu and x.dtype == dtype and x.is_contiguous()
-        for tensors in (params, updates, *state.values()) for x in tensors)
-
-
-_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 
 
 class scale_by_nadam(Transform):  # noqa: N801

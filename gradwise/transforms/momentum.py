@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, boolean, closed_unit_interval, non_negative
 from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.learning_rate import scale_by_learning_rate
 
 
 class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
@@ -40,6 +42,39 @@ class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
             b.copy_(torch.where(first > 0, u, b * mu + u * undamped))
             out.append(u + b * mu if ctx["nesterov"] else b)
         return out
+
+    def fuse(self, other: Transform) -> Transform | None:
+        """Followed by the step size (SGD's chain): one link, ``_fused_sgd``."""
+        return _fused_sgd(self, other) if type(other) is scale_by_learning_rate else None
+
+
+class _fused_sgd(Transform):  # noqa: N801
+    """``trace`` then ``scale_by_learning_rate`` as one link (``Transform.fuse``): their ``update`` one after the
+    other, the same ops. As the last link, eagerly under ``compile="auto"`` (``Context.torch_kernels``), the same
+    step in torch's fused SGD kernel (``torch._fused_sgd_``, torch.optim.SGD's ``fused=True``), one pass over each
+    parameter: b as ``trace`` keeps it, then p <- p - lr b (nesterov: p <- p - lr (u + mu b))."""
+
+    name = "momentum"
+
+    def __init__(self, momentum: trace, lr: scale_by_learning_rate):
+        self.momentum, self.lr = momentum, lr
+        self.state = momentum.state
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return self.lr.update(self.momentum.update(updates, state, ctx), {}, ctx)
+
+    def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
+        if not (ctx.torch_kernels and lists.fused_kernel_takes(ctx.params, updates, state)):
+            super().apply(updates, state, ctx)
+            return
+        active = ctx.active("momentum")  # (momentum 0: no buffer, p <- p - lr u)
+        torch._fused_sgd_(ctx.params, updates, state["momentum_buffer"] if active else [], weight_decay=0.0,
+                          momentum=ctx["momentum"].item() if active else 0.0, lr=ctx["lr"].item(),
+                          dampening=ctx["dampening"].item(), nesterov=ctx["nesterov"],
+                          maximize=False, is_first_step=bool(ctx["first_step"]))
+
+    def __repr__(self) -> str:
+        return f"fused({self.momentum!r}, {self.lr!r})"
 
 
 class trace_ema(Transform):  # noqa: N801
