@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: bench.* and its gradwise
 
-from gradwise.cli_bench import RECIPES, STEP_DESCRIPTION, WARMUP, add_step_arguments
+from gradwise.cli_bench import PATHS, RECIPES, STEP_DESCRIPTION, WARMUP, add_step_arguments
 from gradwise.shapes import SIZES, gpt2_shapes
 
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
@@ -167,7 +167,7 @@ def measure(args, log=lambda message: None) -> dict:
         for i, (recipe, path) in enumerate(jobs, 1):
             log(f"[{i}/{len(jobs)}] {recipe} {path}")
             cls_name, hyper, moved = RECIPES[recipe]
-            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": path == "compiled"}, named=True)
+            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": PATHS[path]}, named=True)
             warmup_ms = [_ms(opt.step, device) for _ in range(WARMUP)]
             times, window, recompiled = bench.rounds(opt, args.steps)
             stats = opt.compile_stats

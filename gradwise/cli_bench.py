@@ -39,7 +39,10 @@ RECIPES = {
 }
 #: the rows ``gradwise bench step`` runs unless ``--recipes`` says otherwise.
 DEFAULT_RECIPES = ["AdamW", "Adam", "NAdamW", "Lion", "SGD"]
-PATHS = ("eager", "compiled")
+#: each path's ``compile=``: the list ops, the compiled graphs, and as built by default (``"auto"``: by size, and
+#: torch's fused kernel where a step ends in one, ``core/stepping.py``)
+PATHS = {"eager": False, "compiled": True, "auto": "auto"}
+DEFAULT_PATHS = ["eager", "compiled"]
 DEVICES = ("cpu", "cuda")
 #: untimed steps of each row before its timed ones.
 WARMUP = 2
@@ -82,8 +85,9 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="torch.set_num_threads")
     parser.add_argument("--recipes", type=names_argument(tuple(RECIPES)), default=DEFAULT_RECIPES,
                         help=f"comma-separated subset of {','.join(RECIPES)} (torch's rows are always measured)")
-    parser.add_argument("--paths", type=names_argument(PATHS), default=list(PATHS),
-                        help="comma-separated: eager,compiled")
+    parser.add_argument("--paths", type=names_argument(tuple(PATHS)), default=DEFAULT_PATHS,
+                        help="comma-separated subset of eager (compile=False), compiled (compile=True), auto"
+                             " (compile=\"auto\", as built by default)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="where parameters, gradients, state and the copy live (cuda: timed with synchronize)")
     parser.add_argument("--copy-mb", type=positive_int_argument, default=512, metavar="MB",

@@ -34,9 +34,37 @@ def test_auto_runs_small_models_eagerly():
 @pytest.mark.slow
 def test_auto_compiles_large_models():
     params = _params(1, stepping.AUTO_COMPILE_MIN_NUMEL)
-    opt = gradwise.AdamW(params, lr=0.1)
+    opt = gradwise.NAdamW(params, lr=0.1)
     opt.step()
     assert opt.compile_stats["compiles"] == 1 and opt.compile_stats["seconds"] > 0
+
+
+@pytest.mark.parametrize("recipe", ["AdamW", "SGD"])
+def test_auto_runs_torchs_fused_kernel_on_large_cpu_models_compiling_nothing(recipe):
+    """A step that ends in torch's fused kernel (Adam's, SGD's) runs it eagerly on CPU float parameters of any
+    size: torch.optim's ``fused=True`` step, bit for bit in float64 (``test_torch_kernels.py``), nothing compiled."""
+    params = [p.detach().double().requires_grad_() for p in _params(1, stepping.AUTO_COMPILE_MIN_NUMEL)]
+    theirs = [p.detach().clone().requires_grad_() for p in params]
+    kwargs = dict(lr=0.1, momentum=0.9) if recipe == "SGD" else dict(lr=0.1)
+    opts = [getattr(gradwise, recipe)(params, **kwargs), getattr(torch.optim, recipe)(theirs, fused=True, **kwargs)]
+    for step in range(3):
+        for p, q in zip(params, theirs):
+            p.grad = q.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step), dtype=p.dtype)
+        for opt in opts:
+            opt.step()
+    assert opts[0].compile_stats["compiles"] == 0
+    assert all(torch.equal(p, q) for p, q in zip(params, theirs))
+
+
+@pytest.mark.slow
+def test_auto_compiles_a_large_adamw_whose_parameters_the_kernel_does_not_take():
+    """bfloat16 parameters (float32 updates, written with rounding): the compiled step, as before."""
+    params = [p.detach().bfloat16().requires_grad_() for p in _params(1, stepping.AUTO_COMPILE_MIN_NUMEL)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = gradwise.AdamW(params, lr=0.1)
+    opt.step()
+    assert opt.compile_stats["compiles"] == 1
 
 
 def _chain():

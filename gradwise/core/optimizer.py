@@ -38,7 +38,7 @@ from gradwise.core.transform import Transform, chain
 
 #: attributes a copy rebuilds instead of copying (compiled graphs, caches)
 _REBUILT = ("_compiled", "_positions", "_plans", "_scratch", "_checked_groups", "_constants", "_chains", "_keys_of",
-            "_hooks_of", "_expected_state", "_group_specs", "_rounds_of", "_steady")
+            "_hooks_of", "_expected_state", "_group_specs", "_rounds_of", "_steady", "_kernels_take")
 
 
 class Optimizer(SteadyStep, torch.optim.Optimizer):

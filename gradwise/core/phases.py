@@ -60,6 +60,8 @@ class Phase(Transform):
         # a reducer that prepares sees whole tensors
         self.elementwise = all(t.elementwise for _, t in links) and not (reducer and reducer[1].prepares)
         self.batched = any(t.batched for _, t in links)
+        #: a last phase whose last link writes the parameters with torch's fused kernel (``Transform.torch_kernel``)
+        self.torch_kernel = last and bool(links) and links[-1][1].torch_kernel
         #: an owner needs the whole parameters too (not only the phase's input)
         self.reads_params = last or moves or any(t.reads_params for _, t in links) or \
             bool(reducer and reducer[1].prepares and reducer[1].reads_params)

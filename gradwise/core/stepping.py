@@ -322,12 +322,25 @@ class PhasedStep(ShardedStep):
         ``batched`` (matrix preconditioners run over the whole bucket, so that their update can stack
         same-shaped matrices into one batched matmul or eigh), or when it reads whole tensors for a
         later phase (Ranger21's shaping): eagerly it writes its results into buffers kept between steps,
-        in fewer passes than a graph per tensor rank with symbolic sizes makes; or when it has no links."""
-        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last) or not phase.links():
+        in fewer passes than a graph per tensor rank with symbolic sizes makes; or when it has no links; or,
+        under ``compile="auto"``, when it ends in torch's fused kernel and the parameters are ones it takes
+        (``_kernel_parameters``): on the CPU that kernel outruns the phase's graph, and compiles nothing."""
+        if not self._compiling() or phase.batched or not (phase.elementwise or phase.last) or not phase.links() \
+                or (phase.torch_kernel and self.compile == "auto" and self._kernel_parameters()):
             return None  # (a phase of no links only reduces the gradients: foreach kernels, no graph)
         if phase not in self._compiled:
             self._compiled[phase] = CompiledStep(phase)
         return self._compiled[phase]
+
+    def _kernel_parameters(self) -> bool:
+        """Whether every parameter is one torch's fused CPU kernels take, in plain state: a CPU float32 or float64
+        tensor, not a DTensor (found once, as ``_compiling`` finds the size)."""
+        found = self.__dict__.get("_kernels_take")
+        if found is None:
+            found = self._kernels_take = isinstance(self.storage, PlainStorage) and all(
+                p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) and not isinstance(p, DTensor)
+                for g in self.param_groups for p in g["params"])
+        return found
 
     def _fall_back(self, error: Exception) -> None:
         """Under ``compile="auto"``, a failed compile warns and runs eagerly from now on; else re-raise."""

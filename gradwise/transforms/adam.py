@@ -122,6 +122,7 @@ class _fused_adam(Transform):  # noqa: N801
     def __init__(self, adam: scale_by_adam, decay: add_decayed_weights | None, lr: scale_by_learning_rate | None):
         self.adam, self.decay, self.lr = adam, decay, lr
         self.state, self.nonnegative = adam.state, adam.nonnegative
+        self.torch_kernel = lr is not None  # (``apply`` writes the parameters)
 
     def fuse(self, other: Transform) -> Transform | None:
         if self.lr is None and type(other) is scale_by_learning_rate:

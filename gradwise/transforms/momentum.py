@@ -55,6 +55,7 @@ class _fused_sgd(Transform):  # noqa: N801
     parameter: b as ``trace`` keeps it, then p <- p - lr b (nesterov: p <- p - lr (u + mu b))."""
 
     name = "momentum"
+    torch_kernel = True
 
     def __init__(self, momentum: trace, lr: scale_by_learning_rate):
         self.momentum, self.lr = momentum, lr
