@@ -38,6 +38,10 @@ def run_eager(
     parts of the next phase's reductions, one dict per piece run. ``seeds`` (one per parameter) are
     the stochastic-rounding seeds of bfloat16 parameters, else None, ``starts`` the logical index of each
     one's first element (a shard's offset; 0 when None); ``outputs``: as ``run_chain``'s."""
+    if params and seeds is None and in_one_call(phase, static):
+        keys = states[0].keys()
+        return [run_chain(phase, params, inputs, {k: [st[k] for st in states] for k in keys}, values, layout, static,
+                          outputs=outputs)]
     whole: list[int] = []
     batch: list[tuple] = []
     parts: list[dict[str, Tensor]] = []
@@ -76,6 +80,13 @@ def run_eager(
                                {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding,
                                None if outputs is None else [outputs[i] for i in whole]))
     return parts
+
+
+def in_one_call(phase: Phase, static: Mapping[str, Any]) -> bool:
+    """Whether the phase runs on every parameter whole, in one call: one that ends in torch's fused kernel, where
+    a link may run it (``Context.torch_kernels``). The kernel is one pass per parameter, allocating nothing: pieces
+    would only add a call each."""
+    return phase.torch_kernel and bool(static.get("torch_kernels"))
 
 
 def _sliceable(phase: Phase, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.eager import EAGER_CHUNK, run_eager
+from gradwise.core.eager import EAGER_CHUNK, in_one_call, run_eager
 from gradwise.core.executor import CompiledStep, run_chain
 from gradwise.core.hyper_check import check_hyperparameters
 from gradwise.core.options import check_group_options
@@ -191,7 +191,7 @@ class SteadyStep(PhasedStep):
                                      int(b.states[0]["step"]), list(map(_VERSION, buffers["step"])),
                                      [(p.shape, p.dtype, p.device) for p in b.params], runner,
                                      [] if runner is None else _accepted(runner, b.params, b.inputs, own),
-                                     None if runner is not None else _batches(phase, b.params, keys, buffers),
+                                     None if runner is not None else _batches(phase, b.params, keys, buffers, b.static),
                                      self._uses(chain, "advance")))
         self._steady = Steady(self.state, self.transform, [(g, list(ps)) for g, ps in work], kept)
 
@@ -224,9 +224,12 @@ def _pick(indices: list[int], *columns: list) -> list[list]:
     return [column if whole else [column[i] for i in indices] for column in columns]
 
 
-def _batches(phase: Phase, params: list[Tensor], keys: list[str], buffers: dict[str, list[Tensor]]):
-    """The batches ``run_eager`` makes of a bucket of small parameters (each its own piece, batched until
-    ``EAGER_CHUNK`` elements), as ``(start, stop, state lists)``; None when a parameter is not small."""
+def _batches(phase: Phase, params: list[Tensor], keys: list[str], buffers: dict[str, list[Tensor]], static):
+    """The batches ``run_eager`` makes of a bucket (all its parameters, where the phase runs ``in_one_call``; else
+    of small parameters, each its own piece, batched until ``EAGER_CHUNK`` elements), as ``(start, stop, state
+    lists)``; None when a parameter is not small."""
+    if in_one_call(phase, static):
+        return [(0, len(params), Namespaced({k: buffers[k] for k in keys}))]
     if not phase.elementwise or not all(0 < p.numel() <= EAGER_CHUNK for p in params):
         return None
     out, start, size = [], 0, 0
