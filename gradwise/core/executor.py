@@ -20,9 +20,10 @@ from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
 from gradwise.core import lists
+from gradwise.core.namespaces import Namespaced
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
-from gradwise.core.transform import Context, Namespaced, state_dtype
+from gradwise.core.transform import Context, state_dtype
 
 logger = logging.getLogger("gradwise")
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.buckets import Bucket
 from gradwise.core.collectives import Traffic, all_reduce
 from gradwise.core.owned import assign_owners, gather, owner_cost, scatter
 from gradwise.core.params import local
@@ -104,8 +105,6 @@ class ShardedStep:
         """Run an owned phase on the bucket's sharded parameters (``core/owned.py``): the first phase of a
         run of owned phases gathers the whole tensors to their owners, which keep them (``bucket.whole``)
         for the rest of the run; the last scatters the results back."""
-        from gradwise.core.stepping import Bucket
-
         views = [local(p) for p in bucket.params]
         owners = [self._owner(p) for p in bucket.params]
         if phase.run_start:

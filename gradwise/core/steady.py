@@ -35,16 +35,17 @@ from typing import Any
 from torch import Tensor
 
 from gradwise.core import lists
+from gradwise.core.buckets import Bucket, roll_back, snapshot
 from gradwise.core.eager import EAGER_CHUNK, in_one_call, run_eager
 from gradwise.core.executor import CompiledStep, run_chain
 from gradwise.core.hyper_check import check_hyperparameters
+from gradwise.core.namespaces import Namespaced
 from gradwise.core.options import check_group_options
 from gradwise.core.params import DTensor
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
-from gradwise.core.stepping import Bucket, PhasedStep, roll_back, snapshot
+from gradwise.core.stepping import PhasedStep
 from gradwise.core.storage import PlainStorage
-from gradwise.core.transform import Namespaced
 
 _VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
 

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from gradwise.core import lists
+from gradwise.core.buckets import Bucket, roll_back, snapshot
 from gradwise.core.constants import ConstantBuffers
 from gradwise.core.eager import run_eager
-from gradwise.core.executor import CompiledStep, Layout, rounding_rows, run_chain, unpack, with_totals
+from gradwise.core.executor import CompiledStep, rounding_rows, run_chain, unpack, with_totals
 from gradwise.core.hashing import seed
 from gradwise.core.params import DTensor, local
 from gradwise.core.phase_rounds import after_guards, check_rounds, guards
 from gradwise.core.phases import Phase, plan, skips
 from gradwise.core.rounding import add_stochastically, rounds_stochastically
 from gradwise.core.sharded_step import ShardedStep, shard_group
-from gradwise.core.sharding import Sharding, sharding
+from gradwise.core.sharding import sharding
 from gradwise.core.state_check import refuse_nonfinite
 from gradwise.core.state_keys import has_buffer
 from gradwise.core.storage import PlainStorage
@@ -35,34 +35,6 @@ from gradwise.core.transform import Context, state_dtype, uses
 
 #: ``compile="auto"`` compiles when the optimizer holds at least this many parameter elements.
 AUTO_COMPILE_MIN_NUMEL = 1 << 20
-
-
-@dataclass
-class Bucket:
-    """Parameters of one group, device, dtype and step count, as one step runs them."""
-
-    group: dict[str, Any]
-    phases: tuple[Phase, ...]
-    params: list[Tensor]
-    states: list[dict[str, Tensor]]
-    values: Tensor
-    layout: Layout
-    static: dict[str, Any]
-    inputs: list[Tensor]
-    fresh: list[Tensor] = field(default_factory=list)
-    #: the 0-d state a roll back puts back (``snapshot``)
-    saved: list[tuple[list[Tensor], Tensor]] = field(default_factory=list)
-    done: bool = False
-    #: each parameter's ``Sharding`` when they are sharded over ranks, else None
-    sharding: list[Sharding] | None = None
-    #: the optimizer's parameters these stand for (their positions seed, their buffers are kept by), when
-    #: ``params`` are an owner's whole copies of them
-    keys: list[Tensor] | None = None
-    #: during a run of owned phases, the owner's whole copies of its parameters (``ShardedStep._run_owned``)
-    whole: "Bucket | None" = None
-
-    def key(self, i: int) -> Tensor:
-        return self.params[i] if self.keys is None else self.keys[i]
 
 
 class PhasedStep(ShardedStep):
@@ -389,30 +361,6 @@ class PhasedStep(ShardedStep):
                 static[f"{key}!=0"] = float(value) != 0.0
             hyper[key] = tuple(map(float, value)) if isinstance(value, (tuple, list)) else float(value)
         return hyper, static
-
-
-def snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
-    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as
-    (the tensors, a stacked copy of them) per key: one stack per key, not a clone per tensor, which a step
-    of many parameters would pay once per parameter and key; ``roll_back`` copies them back. (A key's
-    tensors are made alike, by one link's ``init``, on the parameters' device; ``sharded``: their local parts.)"""
-    kept: dict[str, list[Tensor]] = defaultdict(list)
-    for st in states:
-        for k, v in st.items():
-            if k != "step" and v.dim() == 0:
-                kept[k].append(local(v) if sharded else v)
-    return [(tensors, torch.stack(tensors)) for tensors in kept.values()]
-
-
-def roll_back(optimizer, buckets: list[Bucket]) -> None:
-    """Undo what preparing ``buckets`` did: step counters, ``advance``'s 0-d state, fresh state."""
-    for b in buckets:
-        for st in b.states:
-            st["step"] -= 1
-        for tensors, old in b.saved:
-            torch._foreach_copy_(tensors, list(old.unbind()))
-        for p in b.fresh:
-            optimizer.state.pop(p, None)
 
 
 def _buckets(params: list[Tensor]) -> list[list[Tensor]]:

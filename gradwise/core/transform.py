@@ -33,6 +33,7 @@ from torch import Tensor
 from gradwise.core import lists
 from gradwise.core.context import Context
 from gradwise.core.hyper import Hyper
+from gradwise.core.namespaces import scoped, strip_namespace
 
 #: the hooks a transform may implement besides ``init``, ``scalars`` and ``update`` (which every
 #: transform has), and which the optimizer calls only on a chain that ``uses`` them.
@@ -353,36 +354,6 @@ def _kept_here(t: Transform, state: Mapping[str, Any]) -> bool:
     return not t.state or any(k in state for k in t.state)
 
 
-def strip_namespace(namespace: str, entries: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The entries under ``namespace`` with it taken off their keys (namespace ``""``: all, as they are);
-    of a ``Namespaced`` mapping, the ones it took off once."""
-    if not namespace:
-        return entries
-    if type(entries) is Namespaced:
-        return entries.under(namespace)
-    prefix = namespace + "."
-    return {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
-
-
-class Namespaced(dict):
-    """Entries under namespaced keys that nobody changes once they are made (a constants buffer's unpacked
-    scalars, kept with it; a steady bucket's state lists, ``core/steady.py``): each namespace's entries are
-    taken apart once (``under``), not at every step of every link. (Eager only: traced code gets plain dicts.)"""
-
-    __slots__ = ("_parts",)
-
-    def under(self, namespace: str) -> dict[str, Any]:
-        """``strip_namespace(namespace, self)``, made at the first call."""
-        parts = getattr(self, "_parts", None)
-        if parts is None:
-            parts = self._parts = {}
-        part = parts.get(namespace)
-        if part is None:
-            prefix = namespace + "."
-            part = parts[namespace] = {k[len(prefix):]: v for k, v in self.items() if k.startswith(prefix)}
-        return part
-
-
 def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: Mapping[str, list[Tensor]],
               ctx: Context) -> list[Tensor]:
     """Run ``links`` (namespace, transform) one after the other, each on its own state and scalars (only
@@ -392,11 +363,6 @@ def run_links(links: list[tuple[str, Transform]], updates: list[Tensor], state: 
         updates = t.update(updates, strip_namespace(namespace, state), scoped(namespace, ctx if i == len(links) - 1
                                                                                   else inner))
     return updates
-
-
-def scoped(namespace: str, ctx: Context) -> Context:
-    """``ctx`` as the link under ``namespace`` sees it: its own scalars, under their own names."""
-    return ctx.but(scalars=strip_namespace(namespace, ctx.scalars)) if namespace else ctx
 
 
 def _unique_names(transforms: tuple[Transform, ...]) -> list[str]:

@@ -1,0 +1,67 @@
+"""A step's buckets: parameters of one group, device, dtype and step count, as one step runs them, and how a
+step that fails or is skipped puts back what preparing them wrote (``roll_back``)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradwise.core.executor import Layout
+from gradwise.core.params import local
+from gradwise.core.phases import Phase
+from gradwise.core.sharding import Sharding
+
+
+@dataclass
+class Bucket:
+    """Parameters of one group, device, dtype and step count, as one step runs them."""
+
+    group: dict[str, Any]
+    phases: tuple[Phase, ...]
+    params: list[Tensor]
+    states: list[dict[str, Tensor]]
+    values: Tensor
+    layout: Layout
+    static: dict[str, Any]
+    inputs: list[Tensor]
+    fresh: list[Tensor] = field(default_factory=list)
+    #: the 0-d state a roll back puts back (``snapshot``)
+    saved: list[tuple[list[Tensor], Tensor]] = field(default_factory=list)
+    done: bool = False
+    #: each parameter's ``Sharding`` when they are sharded over ranks, else None
+    sharding: list[Sharding] | None = None
+    #: the optimizer's parameters these stand for (their positions seed, their buffers are kept by), when
+    #: ``params`` are an owner's whole copies of them
+    keys: list[Tensor] | None = None
+    #: during a run of owned phases, the owner's whole copies of its parameters (``ShardedStep._run_owned``)
+    whole: "Bucket | None" = None
+
+    def key(self, i: int) -> Tensor:
+        return self.params[i] if self.keys is None else self.keys[i]
+
+
+def snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
+    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as
+    (the tensors, a stacked copy of them) per key: one stack per key, not a clone per tensor, which a step
+    of many parameters would pay once per parameter and key; ``roll_back`` copies them back. (A key's
+    tensors are made alike, by one link's ``init``, on the parameters' device; ``sharded``: their local parts.)"""
+    kept: dict[str, list[Tensor]] = defaultdict(list)
+    for st in states:
+        for k, v in st.items():
+            if k != "step" and v.dim() == 0:
+                kept[k].append(local(v) if sharded else v)
+    return [(tensors, torch.stack(tensors)) for tensors in kept.values()]
+
+
+def roll_back(optimizer, buckets: list[Bucket]) -> None:
+    """Undo what preparing ``buckets`` did: step counters, ``advance``'s 0-d state, fresh state."""
+    for b in buckets:
+        for st in b.states:
+            st["step"] -= 1
+        for tensors, old in b.saved:
+            torch._foreach_copy_(tensors, list(old.unbind()))
+        for p in b.fresh:
+            optimizer.state.pop(p, None)
