@@ -39,9 +39,8 @@ def run_eager(
     the stochastic-rounding seeds of bfloat16 parameters, else None, ``starts`` the logical index of each
     one's first element (a shard's offset; 0 when None); ``outputs``: as ``run_chain``'s."""
     if params and seeds is None and in_one_call(phase, static):
-        keys = states[0].keys()
-        return [run_chain(phase, params, inputs, {k: [st[k] for st in states] for k in keys}, values, layout, static,
-                          outputs=outputs)]
+        return [_run_whole(phase, list(range(len(params))), params, inputs, states, values, layout, static, None,
+                           starts, outputs)]
     whole: list[int] = []
     batch: list[tuple] = []
     parts: list[dict[str, Tensor]] = []
@@ -73,13 +72,18 @@ def run_eager(
     if batch:
         parts.append(_run_batch(phase, batch, values, layout, static, seeds is not None))
     if whole:
-        keys = states[whole[0]].keys()
-        rounding = None if seeds is None else rounding_rows(
-            [seeds[i] for i in whole], [0 if starts is None else starts[i] for i in whole], params[0].device)
-        parts.append(run_chain(phase, [params[i] for i in whole], [inputs[i] for i in whole],
-                               {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding,
-                               None if outputs is None else [outputs[i] for i in whole]))
+        parts.append(_run_whole(phase, whole, params, inputs, states, values, layout, static, seeds, starts, outputs))
     return parts
+
+
+def _run_whole(phase, whole, params, inputs, states, values, layout, static, seeds, starts, outputs):
+    """The phase on the parameters at indices ``whole``, whole tensors, in one ``run_chain`` call."""
+    keys = states[whole[0]].keys()
+    rounding = None if seeds is None else rounding_rows(
+        [seeds[i] for i in whole], [0 if starts is None else starts[i] for i in whole], params[0].device)
+    return run_chain(phase, [params[i] for i in whole], [inputs[i] for i in whole],
+                     {k: [states[i][k] for i in whole] for k in keys}, values, layout, static, rounding,
+                     None if outputs is None else [outputs[i] for i in whole])
 
 
 def in_one_call(phase: Phase, static: Mapping[str, Any]) -> bool:

@@ -310,7 +310,7 @@ class PhasedStep(ShardedStep):
         found = self.__dict__.get("_kernels_take")
         if found is None:
             found = self._kernels_take = isinstance(self.storage, PlainStorage) and all(
-                p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) and not isinstance(p, DTensor)
+                p.device.type == "cpu" and p.dtype in lists.FUSED_KERNEL_DTYPES and not isinstance(p, DTensor)
                 for g in self.param_groups for p in g["params"])
         return found
 
