@@ -72,7 +72,9 @@ def test_torch_implementation_flags(recipe):
         if flag in takes:
             recipe(params, **{flag: False})  # torch's no-ops are accepted
     if "fused" in takes:
-        assert recipe(params, fused=True).compile is True
+        assert recipe(params, fused=True).compile is True  # the compiled step, or torch's kernel where it has one
+        assert recipe(params, fused=True).torch_kernels is (recipe.__name__ in ("Adam", "AdamW", "SGD"))
+        assert recipe(params, compile=True).torch_kernels is False
         with pytest.raises(ValueError, match=r"fused=True asks for the compiled step, which contradicts compile=False"):
             recipe(params, fused=True, compile=False)
     for flag in ("differentiable", "capturable"):

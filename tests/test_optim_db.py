@@ -5,8 +5,9 @@ Every configuration torch's test_optim.py builds for SGD, Adam, AdamW, NAdam, Ad
 global flags (``_get_optim_inputs_including_global_cliquey_kwargs``: ``fused``, ``differentiable``), runs
 20 steps on gradwise's counterpart and on torch's, on the eager path: float64 within 1e-10, float32 within
 rtol 1e-5. Keywords a configuration leaves out get torch's default (NAdamW's own defaults are AdamW-like).
-``fused=True`` maps to the compiled path: the sweep runs it eagerly, ``test_fused_configurations_run_compiled``
-compiled. ``differentiable=True`` is refused, with its reason (the README's drop-in table).
+``fused=True`` runs torch's own fused kernel on these CPU float parameters (else gradwise's compiled step):
+the sweep runs those configurations eagerly without it, ``test_fused_configurations_run_the_kernel_and_compiled``
+with it and compiled. ``differentiable=True`` is refused, with its reason (the README's drop-in table).
 """
 from __future__ import annotations
 
@@ -114,16 +115,22 @@ FUSED = [c for c in CONFIGURATIONS if c[0] == torch.float32
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, torch_cls, kwargs, desc", FUSED, ids=[c[3] for c in FUSED])
-def test_fused_configurations_run_compiled(dtype, torch_cls, kwargs, desc):
-    """``fused=True`` is gradwise's compiled path: it matches torch's fused step, and eager equals it."""
-    assert COUNTERPARTS[torch_cls](make_params(torch_cls, dtype), **kwargs).compile is True
+def test_fused_configurations_run_the_kernel_and_compiled(dtype, torch_cls, kwargs, desc):
+    """``fused=True`` (torch's fused kernel here, nothing compiled) matches torch's fused step; so does the
+    compiled step (``compile=True``), and eager equals it."""
+    optimizer = COUNTERPARTS[torch_cls](make_params(torch_cls, dtype), **kwargs)
+    assert optimizer.compile is True and optimizer.torch_kernels
     check_against_torch(dtype, torch_cls, kwargs, compile=True)
-    ours = gradwise_kwargs(torch_cls, kwargs)
-    compiled = run(lambda ps: COUNTERPARTS[torch_cls](ps, **ours), make_params(torch_cls, dtype))
-    unfused = {k: v for k, v in ours.items() if k != "fused"}
+    unfused = {k: v for k, v in gradwise_kwargs(torch_cls, kwargs).items() if k != "fused"}
+    with default_dtype(dtype):
+        theirs = run(lambda ps: torch_cls(ps, **kwargs), make_params(torch_cls, dtype))
+    compiled = COUNTERPARTS[torch_cls](make_params(torch_cls, dtype), compile=True, **unfused)
+    after = run(lambda ps: compiled, compiled.param_groups[0]["params"])
     eager = run(lambda ps: COUNTERPARTS[torch_cls](ps, compile=False, **unfused), make_params(torch_cls, dtype))
-    for a, b in zip(compiled, eager):
+    assert compiled.compile_stats["compiles"] >= 1
+    for a, b, reference in zip(after, eager, theirs):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(a, reference, **TOLERANCES[dtype])
 
 
 # ------------------------------------------------------------------------------------ generic behaviours

@@ -1,6 +1,7 @@
 """torch's fused kernels on the eager path: under ``compile="auto"`` a small model's Adam and AdamW step runs
 ``torch._fused_adamw_`` (``transforms/adam.py``) and SGD's ``torch._fused_sgd_`` (``transforms/momentum.py``),
-torch.optim's ``fused=True``; under ``compile=False`` the list ops keep the bits of torch.optim's for-loop
+torch.optim's ``fused=True``; so does the recipe given torch's ``fused=True`` (else it compiles); under
+``compile=False`` the list ops keep the bits of torch.optim's for-loop
 (``test_parity.py::test_adam_eagerly_has_torchs_bits``)."""
 from __future__ import annotations
 
@@ -110,3 +111,37 @@ def test_a_non_contiguous_parameter_runs_the_list_ops_with_torchs_for_loop_bits(
                     torch.float32, 10)
             for make in (gradwise.AdamW, lambda p, **kw: torch.optim.AdamW(p, foreach=False, **kw))]
     assert all(torch.equal(a[0], b[0]) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("name, options", [ADAM[1], SGD[1]], ids=str)
+def test_fused_true_is_torchs_fused_step_and_compiles_nothing(name, options):
+    """torch's ``fused=True`` runs torch's fused kernel on CPU float parameters, as torch.optim does,
+    instead of compiling a graph (bit for bit in float64, at any size)."""
+    made, kwargs = [], dict(lr=0.01, **options)
+
+    def make(params):
+        made.append(getattr(gradwise, name)(params, fused=True, **kwargs))
+        return made[-1]
+    params = _contiguous_params(torch.float64)
+    mine = run_bag(make, [p.detach().clone().requires_grad_() for p in params], torch.float64, 20,
+                   before_step=_halve_lr_every_fourth)
+    fused = run_bag(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs),
+                    [p.detach().clone().requires_grad_() for p in params], torch.float64, 20,
+                    before_step=_halve_lr_every_fourth)
+    _assert_same(mine, fused)
+    assert made[0].compile is True and made[0].torch_kernels
+    assert made[0].compile_stats["compiles"] == 0
+
+
+@pytest.mark.slow
+def test_fused_true_compiles_the_step_where_no_kernel_takes_the_parameters():
+    """A bfloat16 parameter is none of torch's fused CPU kernels' (nor of gradwise's ``compile="auto"``
+    kernel path): ``fused=True`` compiles its one-pass step, equal to the eager one."""
+    params = [torch.linspace(-1, 1, 24, dtype=torch.bfloat16).view(4, 6).requires_grad_() for _ in range(2)]
+    opts = [gradwise.AdamW([params[0]], lr=0.01, fused=True), gradwise.AdamW([params[1]], lr=0.01, compile=False)]
+    for step in range(3):
+        for p, opt in zip(params, opts):
+            p.grad = torch.full_like(p, 0.5 - step)
+            opt.step()
+    assert opts[0].compile_stats["compiles"] >= 1
+    assert torch.equal(params[0], params[1])

@@ -53,8 +53,8 @@ class Context:
     @property
     def torch_kernels(self) -> bool:
         """Whether a link may run torch's fused kernel of its ops in place of its list ops: eagerly, under
-        ``compile="auto"`` (the engine's ``static["torch_kernels"]``); never while traced, nor under
-        ``compile=False``, whose eager path keeps the bits of torch.optim's for-loop."""
+        ``compile="auto"`` or torch's ``fused=True`` (the engine's ``static["torch_kernels"]``); never while
+        traced, nor under ``compile=False``, whose eager path keeps the bits of torch.optim's for-loop."""
         return bool(self.static.get("torch_kernels")) and not torch.compiler.is_compiling()
 
     def active(self, name: str) -> bool:

@@ -50,7 +50,8 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
         compile: ``True`` compiles each bucket's step with ``torch.compile``; ``False`` runs eagerly;
             ``"auto"`` compiles when the parameters hold at least ``AUTO_COMPILE_MIN_NUMEL`` elements
             and falls back to eager, with a warning, if compilation fails; eagerly it lets a link run torch's
-            fused kernel of its ops (Adam's: ``torch._fused_adamw_``), which ``False`` never does.
+            fused kernel of its ops (Adam's: ``torch._fused_adamw_``), which ``False`` never does
+            (``torch_kernels``).
         skip_nonfinite: start the chain with ``skip_nonfinite()``: a step whose gradients hold NaN or
             inf changes nothing and is counted in ``skipped_steps``.
         state: how state buffers shaped like their parameter are stored between steps: ``None`` or
@@ -112,6 +113,10 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
         for key, value in defaults.items():
             self.hyper_specs[key].validate(key, value)
         self.compile = compile
+        #: whether a step ending in a link that names torch's fused kernel of its ops runs that kernel on
+        #: CPU float parameters instead of a graph or list ops: under ``compile="auto"``, and in a recipe
+        #: given torch's ``fused=True`` (``gradwise.core.torch_flags``)
+        self.torch_kernels = compile == "auto"
         self.skipped_steps = 0
         self.mode = "train"
         self._use_compiled: bool | None = None if compile == "auto" else compile
@@ -148,6 +153,7 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
             self.defaults.pop("differentiable", None)
         if "transform" not in state:
             return
+        self.__dict__.setdefault("torch_kernels", self.compile == "auto")  # pickled before it was kept
         self._compiled = {}
         self.register_state_dict_post_hook(save_counters)
         self.register_load_state_dict_pre_hook(load_counters)

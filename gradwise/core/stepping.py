@@ -295,10 +295,11 @@ class PhasedStep(ShardedStep):
         same-shaped matrices into one batched matmul or eigh), or when it reads whole tensors for a
         later phase (Ranger21's shaping): eagerly it writes its results into buffers kept between steps,
         in fewer passes than a graph per tensor rank with symbolic sizes makes; or when it has no links; or,
-        under ``compile="auto"``, when it ends in torch's fused kernel and the parameters are ones it takes
-        (``_kernel_parameters``): on the CPU that kernel outruns the phase's graph, and compiles nothing."""
+        with ``torch_kernels`` (``compile="auto"``, or torch's ``fused=True``), when it ends in torch's fused
+        kernel and the parameters are ones it takes (``_kernel_parameters``): on the CPU that kernel outruns
+        the phase's graph, and compiles nothing."""
         if not self._compiling() or phase.batched or not (phase.elementwise or phase.last) or not phase.links() \
-                or (phase.torch_kernel and self.compile == "auto" and self._kernel_parameters()):
+                or (phase.torch_kernel and self.torch_kernels and self._kernel_parameters()):
             return None  # (a phase of no links only reduces the gradients: foreach kernels, no graph)
         if phase not in self._compiled:
             self._compiled[phase] = CompiledStep(phase)
@@ -347,11 +348,11 @@ class PhasedStep(ShardedStep):
 
     def _hyper_values(self, group: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The group's numeric hyperparameters (``hyper``) and its Python-valued ones (``static``), with the
-        engine's ``torch_kernels`` flag: under ``compile="auto"`` an eager link may run torch's fused kernel
-        of its ops (``Context.torch_kernels``); under ``compile=False`` it runs its list ops, torch's for-loop
-        bits."""
+        engine's ``torch_kernels`` flag (``Optimizer.torch_kernels``): an eager link may then run torch's fused
+        kernel of its ops (``Context.torch_kernels``); without it (``compile=False``) it runs its list ops,
+        torch's for-loop bits."""
         hyper: dict[str, Any] = {}
-        static: dict[str, Any] = {"torch_kernels": self.compile == "auto"}
+        static: dict[str, Any] = {"torch_kernels": self.torch_kernels}
         for key, spec in self.hyper_specs.items():
             value = group[key]
             if spec.static:

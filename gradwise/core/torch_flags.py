@@ -3,7 +3,10 @@ mapped onto gradwise's engine, so that a recipe accepts every keyword its torch 
 
 - ``foreach``: None, True or False, no effect: the eager path is already list (foreach-style) code,
   and the engine picks eager or compiled by ``compile``.
-- ``fused=True``: the compiled path (``compile=True``), gradwise's one-pass fused step; it contradicts an
+- ``fused=True``: a one-pass fused step at any size: torch's own fused kernel where the recipe's step
+  ends in a link that names one (Adam's and AdamW's ``torch._fused_adamw_``, SGD's ``torch._fused_sgd_``)
+  and every parameter is a CPU float32 or float64 tensor in plain state, as torch.optim's ``fused=True``
+  runs it; else the compiled path (``compile=True``), gradwise's one-pass fused step. It contradicts an
   explicit ``compile=False``. ``fused=None`` or ``False``: no effect (``compile`` decides).
 - ``differentiable=True``: refused: the step runs under ``torch.no_grad`` and writes in place, so no
   graph runs through it. ``capturable=True``: refused: step counts live on the CPU and the per-step
@@ -36,9 +39,15 @@ def compile_for_torch_flags(recipe: str, compile: bool | str, *, foreach: Any = 
         raise ValueError(f"{recipe}(): capturable=True is not supported: gradwise keeps step counts on the CPU and"
                          " computes per-step constants in Python, which a CUDA graph cannot capture;"
                          " use capturable=False (fused=True gives the compiled one-pass step)")
-    if fused:
+    if fused:  # (the recipe then sets ``Optimizer.torch_kernels``: ``fused_kernels``)
         if compile is False:
             raise ValueError(f"{recipe}(): fused=True asks for the compiled step, which contradicts compile=False;"
                              " give one of them")
         return True
     return compile
+
+
+def fused_kernels(optimizer: Any, fused: Any) -> None:
+    """After a recipe's construction: ``fused=True`` lets its step run torch's fused kernel where it has
+    one (``Optimizer.torch_kernels``), as ``compile="auto"`` does."""
+    optimizer.torch_kernels = optimizer.torch_kernels or fused is True

@@ -4,7 +4,7 @@ from __future__ import annotations
 from gradwise.core.hyper import boolean
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.torch_checkpoint import TorchFormat
-from gradwise.core.torch_flags import compile_for_torch_flags
+from gradwise.core.torch_flags import compile_for_torch_flags, fused_kernels
 from gradwise.core.transform import Chain, Transform, chain
 from gradwise.transforms import add_decayed_weights, scale_by_adam, scale_by_learning_rate
 
@@ -28,7 +28,8 @@ class Adam(Optimizer):
 
     torch.optim.Adam's arguments and defaults: ``amsgrad`` (AMSGrad's max of v, a param-group entry),
     ``decoupled_weight_decay=True`` (AdamW's decay), ``foreach``, ``fused``, ``capturable``,
-    ``differentiable`` (``gradwise.core.torch_flags``: ``fused=True`` is ``compile=True``).
+    ``differentiable`` (``gradwise.core.torch_flags``: ``fused=True`` runs torch's fused kernel on CPU float
+    parameters, else the compiled step).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
@@ -42,6 +43,7 @@ class Adam(Optimizer):
         super().__init__(params, transform, lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                          skip_nonfinite=skip_nonfinite, compile=compile, state=state, param_rounding=param_rounding)
+        fused_kernels(self, fused)
 
 
 class AdamW(Optimizer):
@@ -60,3 +62,4 @@ class AdamW(Optimizer):
         super().__init__(params, adam_chain(True), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, maximize=maximize, skip_nonfinite=skip_nonfinite, compile=compile,
                          state=state, param_rounding=param_rounding)
+        fused_kernels(self, fused)

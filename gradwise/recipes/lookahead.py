@@ -43,6 +43,7 @@ def Lookahead(optimizer: Optimizer, k: int = 5, alpha: float = 0.5) -> Optimizer
     transform = chain(optimizer.transform, lookahead())
     wrapped = Optimizer(groups, transform, compile=optimizer.compile, state=optimizer.storage.policy,
                         lookahead_k=k, lookahead_alpha=alpha, **optimizer.defaults)
+    wrapped.torch_kernels = optimizer.torch_kernels
     handles = installed_on(optimizer)
     if handles:  # the inner optimizer's hooks would step it, and Lookahead would never run
         for handle in handles:

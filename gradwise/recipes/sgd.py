@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from gradwise.core.optimizer import Optimizer
 from gradwise.core.torch_checkpoint import TorchFormat
-from gradwise.core.torch_flags import compile_for_torch_flags
+from gradwise.core.torch_flags import compile_for_torch_flags, fused_kernels
 from gradwise.core.transform import chain
 from gradwise.transforms import add_decayed_weights, scale_by_learning_rate, trace
 
@@ -32,3 +32,4 @@ class SGD(Optimizer):
                          weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                          skip_nonfinite=skip_nonfinite, compile=compile, state=state,
                          param_rounding=param_rounding)
+        fused_kernels(self, fused)
