@@ -77,13 +77,10 @@ def test_auto_with_l2_decay_is_torchs_fused_step_within_a_rounding(name, options
 
 
 @pytest.mark.parametrize("name, options", ADAM, ids=str)
-def test_auto_adam_is_torchs_fused_step_within_float32_rounding(name, options):
-    """In float32 the kernel reads the step's hyperparameters as the packed float32 constants (torch passes
-    Python doubles): the same step within a float32 rounding of lr, betas and eps."""
-    mine, fused = _trajectories(name, options, torch.float32)
-    for step, (a, b) in enumerate(zip(mine, fused)):
-        for x, y in zip(a, b):
-            torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-7, msg=f"step {step}")
+def test_auto_adam_is_torchs_fused_step_bit_for_bit_in_float32(name, options):
+    """The kernel reads lr, betas, eps and weight decay as the doubles torch passes it (the bucket's
+    constants are packed in float64 where its step ends in the kernel)."""
+    _assert_same(*_trajectories(name, options, torch.float32))
 
 
 def test_steady_steps_with_the_kernel_equal_the_general_step():
@@ -145,3 +142,18 @@ def test_fused_true_compiles_the_step_where_no_kernel_takes_the_parameters():
             opt.step()
     assert opts[0].compile_stats["compiles"] >= 1
     assert torch.equal(params[0], params[1])
+
+
+@pytest.mark.parametrize("name", ["Adam", "SGD"])
+def test_a_0d_parameter_with_l2_decay_stays_in_its_dtype(name):
+    """The bucket of a 0-d parameter keeps its numbers in float32: L2 decay's ``p wd`` on a 0-d float32
+    tensor with a float64 number would be float64. Torch's fused step within a float32 rounding."""
+    kwargs = dict(lr=0.01, weight_decay=0.1, **({"momentum": 0.9} if name == "SGD" else {}))
+    params = [torch.tensor(0.5), torch.randn(3, 4, generator=torch.Generator().manual_seed(1))]
+    runs = [run_bag(make, [p.clone().requires_grad_() for p in params], torch.float32, 20)
+            for make in (lambda p: getattr(gradwise, name)(p, **kwargs),
+                         lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs))]
+    for a, b in zip(*runs):
+        for x, y in zip(a, b):
+            assert x.dtype == torch.float32
+            torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-7)

@@ -111,7 +111,11 @@ class PhasedStep(ShardedStep):
         fresh = {id(p) for p in params if p not in self.state}
         states = self._states_for(params, group, transform, sharded)
         device = params[0].device
-        dtype = torch.float64 if state_dtype(local(params[0])) == torch.float64 else torch.float32
+        # torch's fused kernels take their numbers as doubles: packed in float64, a kernel's step is torch's
+        # (not with a 0-d parameter: a link before the kernel, L2 decay, would make its update float64)
+        kernel = self.torch_kernels and phases[-1].torch_kernel and self._kernel_parameters() \
+            and all(p.dim() for p in params)
+        dtype = torch.float64 if kernel or state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
         advances = self._uses(transform, "advance")
         # 0-d state that advance() or a link's prepare() writes is put back by a roll back

@@ -152,8 +152,9 @@ class _fused_adam(Transform):  # noqa: N801
         """The same step in torch's fused Adam kernel (``torch._fused_adamw_``, torch.optim.AdamW's
         ``fused=True``): one pass over each parameter instead of 8 list ops, whose Python and passes are most
         of a small model's step. Its rounding is the kernel's (within a float32 rounding of the list ops), its
-        step count ``ctx["step"]``, its numbers the step's packed constants. ``updates`` are the gradients as
-        the chain sees them (negated under ``maximize``), so the kernel's own ``maximize`` stays off."""
+        step count ``ctx["step"]``, its numbers the step's packed constants (float64 for a bucket whose step ends
+        in a kernel: the doubles torch passes). ``updates`` are the gradients as the chain sees them (negated
+        under ``maximize``), so the kernel's own ``maximize`` stays off."""
         b1, b2 = ctx["betas"]
         decay = ctx["weight_decay"].item() if self.decay is not None and ctx.active("weight_decay") else 0.0
         amsgrad = "max_exp_avg_sq" in state
