@@ -5,7 +5,7 @@ parameter sets, where a step's time is mostly Python (checks, bucketing, packing
 The sets: each arena workload's model (``init_model(0)``), and 100 and 1,000 small tensors. On each set,
 gradwise.AdamW as built by default (``compile="auto"``: on these sets eager, with torch's fused Adam kernel),
 eagerly (``compile=False``: the list ops, torch's for-loop bits) and by default with every step the general one
-(``steady_steps = False``, ``core/steady.py``) step in turn
+(``steady_steps = False``, ``core/steady.py``), and with ``--rows`` compiled (``compile=True``), step in turn
 with torch.optim.AdamW's three paths (its default, ``foreach=True``, ``fused=True``), all with the same
 hyperparameters and the same fixed random gradients, round after round (the order rotating, so that a
 noisy machine slows every row alike). A round times ``--steps`` steps of each optimizer after ``WARMUP``
@@ -43,7 +43,11 @@ ROWS = {
     "gradwise eager": ("gradwise", {"compile": False}, {}),
     # every step the general one (``core/steady.py`` off): what the steady step saves, in the same rounds
     "gradwise general": ("gradwise", {}, {"steady_steps": False}),
+    # the compiled graph at any size (``--rows``; compiles once per set, in the untimed steps)
+    "gradwise compiled": ("gradwise", {"compile": True}, {}),
 }
+#: the rows run unless ``--rows`` names others
+DEFAULT_ROWS = [row for row in ROWS if row != "gradwise compiled"]
 SMALL = {"100 small": (100, (16, 16)), "1000 small": (1000, (16,))}
 
 
@@ -129,15 +133,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.set_num_threads for the run")
     parser.add_argument("--schedule", action="store_true",
                         help="step as an arena trial does: train(), step(), the arena's warmup-cosine LR schedule")
+    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                        help=f"rows, comma-separated, of {list(ROWS)} (torch default is always one)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     names = args.sets.split(",")
     if bad := [n for n in names if n not in sets]:
         parser.error(f"argument --sets: {bad} not among {sets}")
+    rows = ["torch default", *(row for row in args.rows.split(",") if row != "torch default")]
+    if bad := [row for row in rows if row not in ROWS]:
+        parser.error(f"argument --rows: {bad} not among {list(ROWS)}")
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = list(ROWS)
     how = "trial step (train, step, LR schedule)" if args.schedule else "step"
     print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); CPU microseconds per {how} (x torch default)")
     print(f"{'set':<22}{'params':>8}" + "".join(f"{row:>22}" for row in rows))

@@ -45,7 +45,17 @@ def test_a_named_measurement_runs_alone(capsys):
 def test_overhead_times_every_row_on_a_small_set(capsys):
     assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
-    assert line.count("x)") == len(bench_overhead.ROWS) and "(1.00x)" in line
+    assert line.count("x)") == len(bench_overhead.DEFAULT_ROWS) and "(1.00x)" in line
+
+
+def test_overhead_rows_are_chosen_with_torchs_default_always_first(capsys):
+    assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1", "--rows", "torch fused"]) == 0
+    out = capsys.readouterr().out
+    header = next(row for row in out.splitlines() if row.startswith("set"))
+    assert header.split()[-4:] == ["torch", "default", "torch", "fused"]
+    with pytest.raises(SystemExit):
+        bench_overhead.main(["--sets", "100 small", "--rows", "torch fused,gradwise turbo"])
+    assert "['gradwise turbo'] not among" in capsys.readouterr().err
 
 
 def test_overhead_schedule_sets_lr_before_every_step_as_a_trial(capsys):
@@ -67,4 +77,4 @@ def test_overhead_schedule_sets_lr_before_every_step_as_a_trial(capsys):
     assert int(optimizer.state[params[0]]["step"]) == 4
     assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1", "--schedule"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
-    assert line.count("x)") == len(bench_overhead.ROWS) and "(1.00x)" in line
+    assert line.count("x)") == len(bench_overhead.DEFAULT_ROWS) and "(1.00x)" in line

@@ -248,7 +248,10 @@ class CompiledStep:
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
         before = self.compiles
         start = time.perf_counter()
-        with fx_config.patch(use_duck_shape=False):  # equal lengths today need not be equal tomorrow
+        # equal lengths today need not be equal tomorrow: no duck shapes while dynamo may trace (set and put
+        # back by hand: ``fx_config.patch`` costs several times as much, at every call)
+        duck_shape, fx_config.use_duck_shape = fx_config.use_duck_shape, False
+        try:
             if key not in self._compiled_for:
                 # compile on copies first: a graph that fails to compile then changes nothing
                 copies = {k: [v.clone() for v in vs] for k, vs in state.items()}
@@ -256,6 +259,8 @@ class CompiledStep:
                                rounding, None if outputs is None else [o.clone() for o in outputs])
                 self._compiled_for.add(key)
             parts = self._compiled(self.phase, params, grads, state, values, layout, static, rounding, outputs)
+        finally:
+            fx_config.use_duck_shape = duck_shape
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
