@@ -75,7 +75,9 @@ def test_torch_implementation_flags(recipe):
         assert recipe(params, fused=True).compile is True  # the compiled step, or torch's kernel where it has one
         assert recipe(params, fused=True).torch_kernels is (recipe.__name__ in ("Adam", "AdamW", "SGD"))
         assert recipe(params, compile=True).torch_kernels is False
-        with pytest.raises(ValueError, match=r"fused=True asks for the compiled step, which contradicts compile=False"):
+        refused = (r"fused=True asks for a fused step \(torch's kernel or the compiled graph\),"
+                   r" which contradicts compile=False")
+        with pytest.raises(ValueError, match=refused):
             recipe(params, fused=True, compile=False)
     for flag in ("differentiable", "capturable"):
         if flag in takes:

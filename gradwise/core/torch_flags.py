@@ -38,11 +38,11 @@ def compile_for_torch_flags(recipe: str, compile: bool | str, *, foreach: Any = 
     if capturable:
         raise ValueError(f"{recipe}(): capturable=True is not supported: gradwise keeps step counts on the CPU and"
                          " computes per-step constants in Python, which a CUDA graph cannot capture;"
-                         " use capturable=False (fused=True gives the compiled one-pass step)")
+                         " use capturable=False (fused=True gives a one-pass fused step)")
     if fused:  # (the recipe then sets ``Optimizer.torch_kernels``: ``fused_kernels``)
         if compile is False:
-            raise ValueError(f"{recipe}(): fused=True asks for the compiled step, which contradicts compile=False;"
-                             " give one of them")
+            raise ValueError(f"{recipe}(): fused=True asks for a fused step (torch's kernel or the compiled graph),"
+                             " which contradicts compile=False (the list ops); give one of them")
         return True
     return compile
 

@@ -23,13 +23,13 @@ whole: its maps stand in for a ``CodeMap``.
 
 Compiled for a CPU without AVX-512, a byte is read back to float32 in integer and float arithmetic
 (``e4m3_values``), bit for bit torch's conversion (tested on every byte), because ATen's vectorized
-float8 conversion has a vector form only with AVX-512 and otherwise converts one element at a
-time: on this project's AVX2 machine the arithmetic took the compiled AdamW-fp8 step of the 25m
-set from 31-33x torch's fused AdamW to 18-20x (README). Eagerly, torch's conversion is one pass where the
-arithmetic is eight, and is kept; so is CUDA's. Writing codes stays torch's
-conversion: the same arithmetic the other way needs float32-to-int32 reinterpretations, which
-the CPU backend's AVX2 code loads through a stack buffer (ATen's ``Vectorized<int32_t>::loadu``
-with a count has no full-width fast path), and measured slower than the conversion.
+float8 conversion has a vector form only with AVX-512 and otherwise converts one element at a time:
+on this project's AVX2 machine the arithmetic took the compiled AdamW-fp8 step of the 25m set from
+31-33x torch's fused AdamW to 18-20x (README). Eagerly, torch's conversion is one pass where the
+arithmetic is eight, and is kept; so is CUDA's. Writing codes stays torch's conversion: the same
+arithmetic the other way needs float32-to-int32 reinterpretations, which the CPU backend's AVX2 code
+loads through a stack buffer (ATen's ``Vectorized<int32_t>::loadu`` with a count has no full-width
+fast path), and measured slower than the conversion.
 """
 from __future__ import annotations
 
