@@ -95,8 +95,8 @@ class Transform:
     #: only its input, not its parameter, when it runs on a sharded parameter's owner (``core/owned.py``)
     reads_params: bool = True
     #: a link whose ``apply`` runs torch's fused kernel of its ops eagerly, where the lists fit
-    #: (``Context.torch_kernels``): under ``compile="auto"`` a last phase ending in one runs eagerly on CPU
-    #: parameters (``PhasedStep._runner``), that kernel being faster than the phase's compiled graph there
+    #: (``Context.torch_kernels``): under ``compile="auto"`` or torch's ``fused=True`` a last phase ending in one
+    #: runs eagerly on CPU parameters (``PhasedStep._runner``), that kernel being faster than the phase's graph there
     torch_kernel: bool = False
 
     def __init_subclass__(cls, **kwargs):

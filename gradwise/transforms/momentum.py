@@ -50,9 +50,10 @@ class trace(Transform):  # noqa: N801 - optax's name for SGD momentum
 
 class _fused_sgd(Transform):  # noqa: N801
     """``trace`` then ``scale_by_learning_rate`` as one link (``Transform.fuse``): their ``update`` one after the
-    other, the same ops. As the last link, eagerly under ``compile="auto"`` (``Context.torch_kernels``), the same
-    step in torch's fused SGD kernel (``torch._fused_sgd_``, torch.optim.SGD's ``fused=True``), one pass over each
-    parameter: b as ``trace`` keeps it, then p <- p - lr b (nesterov: p <- p - lr (u + mu b))."""
+    other, the same ops. As the last link, eagerly under ``compile="auto"`` or ``fused=True``
+    (``Context.torch_kernels``), the same step in torch's fused SGD kernel (``torch._fused_sgd_``, torch.optim.SGD's
+    ``fused=True``), one pass over each parameter: b as ``trace`` keeps it, then p <- p - lr b (nesterov:
+    p <- p - lr (u + mu b))."""
 
     name = "momentum"
     torch_kernel = True
