@@ -181,6 +181,7 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
             super().add_param_group(group)
             for key, value in group_defaults(self).items():  # with those a recipe keeps out of its defaults
                 self.param_groups[-1].setdefault(key, value)
+        self.__dict__.pop("_kernels_take", None)  # whether torch's kernels take every parameter: found again
 
     def state_dict(self, format: str = "gradwise") -> dict[str, Any]:
         """The optimizer's state; ``format="torch"``: as the torch.optim optimizer this recipe equals

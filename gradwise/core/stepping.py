@@ -113,8 +113,7 @@ class PhasedStep(ShardedStep):
         device = params[0].device
         # torch's fused kernels take their numbers as doubles: packed in float64, a kernel's step is torch's
         # (not with a 0-d parameter: a link before the kernel, L2 decay, would make its update float64)
-        kernel = self.torch_kernels and phases[-1].torch_kernel and self._kernel_parameters() \
-            and all(p.dim() for p in params)
+        kernel = self._runs_torch_kernel(phases[-1]) and all(p.dim() for p in params)
         dtype = torch.float64 if kernel or state_dtype(local(params[0])) == torch.float64 else torch.float32
         hyper, static = self._hyper_values(group)
         advances = self._uses(transform, "advance")
@@ -303,15 +302,20 @@ class PhasedStep(ShardedStep):
         kernel and the parameters are ones it takes (``_kernel_parameters``): on the CPU that kernel outruns
         the phase's graph, and compiles nothing."""
         if not self._compiling() or phase.batched or not (phase.elementwise or phase.last) or not phase.links() \
-                or (phase.torch_kernel and self.torch_kernels and self._kernel_parameters()):
+                or self._runs_torch_kernel(phase):
             return None  # (a phase of no links only reduces the gradients: foreach kernels, no graph)
         if phase not in self._compiled:
             self._compiled[phase] = CompiledStep(phase)
         return self._compiled[phase]
 
+    def _runs_torch_kernel(self, phase: Phase) -> bool:
+        """Whether ``phase`` runs eagerly, ending in torch's fused kernel: it ends in a link that names one, the
+        optimizer lets it (``torch_kernels``), and the kernels take every parameter (``_kernel_parameters``)."""
+        return phase.torch_kernel and self.torch_kernels and self._kernel_parameters()
+
     def _kernel_parameters(self) -> bool:
         """Whether every parameter is one torch's fused CPU kernels take, in plain state: a CPU float32 or float64
-        tensor, not a DTensor (found once, as ``_compiling`` finds the size)."""
+        tensor, not a DTensor (found once, and again when a group is added)."""
         found = self.__dict__.get("_kernels_take")
         if found is None:
             found = self._kernels_take = isinstance(self.storage, PlainStorage) and all(
