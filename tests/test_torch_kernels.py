@@ -34,15 +34,21 @@ def _halve_lr_every_fourth(optimizer, step):
             group["lr"] *= 0.5
 
 
-def _trajectories(name, options, dtype, **ours):
+def _trajectories(name, options, dtype, made=None, **ours):
+    """gradwise's and torch.optim's ``fused=True`` trajectories; ``made``: a list that gets gradwise's optimizer."""
     kwargs = dict(lr=0.01, **({"betas": (0.8, 0.99)} if name != "SGD" else {}), **options)
     params = _contiguous_params(dtype)
 
     def run(make):
         copies = [p.detach().clone().requires_grad_() for p in params]
         return run_bag(make, copies, dtype, 20, before_step=_halve_lr_every_fourth)
-    return (run(lambda p: getattr(gradwise, name)(p, **ours, **kwargs)),
-            run(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs)))
+
+    def ours_made(p):
+        optimizer = getattr(gradwise, name)(p, **ours, **kwargs)
+        if made is not None:
+            made.append(optimizer)
+        return optimizer
+    return run(ours_made), run(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs))
 
 
 def _assert_same(mine, fused):
@@ -114,18 +120,8 @@ def test_a_non_contiguous_parameter_runs_the_list_ops_with_torchs_for_loop_bits(
 def test_fused_true_is_torchs_fused_step_and_compiles_nothing(name, options):
     """torch's ``fused=True`` runs torch's fused kernel on CPU float parameters, as torch.optim does,
     instead of compiling a graph (bit for bit in float64, at any size)."""
-    made, kwargs = [], dict(lr=0.01, **options)
-
-    def make(params):
-        made.append(getattr(gradwise, name)(params, fused=True, **kwargs))
-        return made[-1]
-    params = _contiguous_params(torch.float64)
-    mine = run_bag(make, [p.detach().clone().requires_grad_() for p in params], torch.float64, 20,
-                   before_step=_halve_lr_every_fourth)
-    fused = run_bag(lambda p: getattr(torch.optim, name)(p, fused=True, **kwargs),
-                    [p.detach().clone().requires_grad_() for p in params], torch.float64, 20,
-                    before_step=_halve_lr_every_fourth)
-    _assert_same(mine, fused)
+    made = []
+    _assert_same(*_trajectories(name, options, torch.float64, made=made, fused=True))
     assert made[0].compile is True and made[0].torch_kernels
     assert made[0].compile_stats["compiles"] == 0
 
@@ -157,3 +153,19 @@ def test_a_0d_parameter_with_l2_decay_stays_in_its_dtype(name):
         for x, y in zip(a, b):
             assert x.dtype == torch.float32
             torch.testing.assert_close(x, y, rtol=2e-6, atol=2e-7)
+
+
+@pytest.mark.slow
+def test_a_group_added_later_is_weighed_for_the_kernel_again():
+    """``fused=True`` runs torch's kernel while every parameter is a CPU float tensor; once a bfloat16 group is
+    added the kernels no longer take them all, and the step compiles its graph as for any other parameters."""
+    weight = torch.linspace(-1, 1, 12).view(4, 3).requires_grad_()
+    optimizer = gradwise.AdamW([weight], lr=0.01, fused=True)
+    weight.grad = torch.full_like(weight, 0.5)
+    optimizer.step()
+    assert optimizer.compile_stats["compiles"] == 0
+    half = torch.linspace(-1, 1, 10, dtype=torch.bfloat16).view(5, 2).requires_grad_()
+    optimizer.add_param_group({"params": [half]})
+    half.grad = torch.full_like(half, 0.25)
+    optimizer.step()
+    assert optimizer.compile_stats["compiles"] >= 1
