@@ -112,6 +112,26 @@ def test_a_gradient_the_graphs_do_not_take_runs_eagerly_as_in_the_general_step()
     assert len(general) == 3
 
 
+def _move_memory(step, model, opt):
+    """The same values in new memory, the objects kept: a compiled steady step's prepared calls read the old."""
+    if step == 5:
+        w = model[2].weight
+        w.data = w.data.clone()
+    if step == 7:
+        m = opt.state[model[0].weight]["adam.exp_avg"]
+        m.set_(m.clone())
+
+
+@pytest.mark.slow
+def test_a_parameter_or_moment_moved_to_new_memory_runs_the_general_step():
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case, compile=True)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 10, between=_move_memory)
+    _assert_same(models, opts)
+    assert len(general) == 3  # the first, and the first after each move
+
+
 def _replace_a_moment(step, model, opt):
     if step == 5:
         p = next(model.parameters())

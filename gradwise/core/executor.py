@@ -163,7 +163,9 @@ class CompiledStep:
     copies (``pad``): one graph serves every parameter whatever its shape, and each graph costs
     seconds of C++ compilation. A phase whose output feeds a reduction is not padded (a copy's update
     would count in the statistic): its remainder runs one parameter at a time, a second graph. Other
-    chains are compiled one parameter at a time for its shape.
+    chains are compiled one parameter at a time for its shape. A steady step (``core/steady.py``) runs
+    the same calls step after step: ``prepare`` makes their arguments once and ``run_prepared`` adds the
+    new gradients, where a call otherwise aliases, pads and gathers every tensor again.
     Each instance compiles a private copy of the step function, so optimizers never share (or
     exhaust) one recompile budget. ``compiles`` counts graph compilations and ``compile_seconds``
     adds up the wall time of the calls that compiled (tracing, code generation and that first run).
@@ -183,10 +185,12 @@ class CompiledStep:
         self._compiled = torch.compile(fn, backend=self._backend, dynamic=True, fullgraph=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
+        the graph runs, and checking them again costs about a microsecond per tensor per call."""
         from torch._inductor.compile_fx import compile_fx
 
         self.compiles += 1
-        return compile_fx(gm, example_inputs)
+        return compile_fx(gm, example_inputs, config_patches={"size_asserts": False})
 
     def _flat(self, t: Tensor) -> Tensor:
         """``flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
@@ -216,35 +220,77 @@ class CompiledStep:
         of each one's first element (a shard's offset; 0 when None); ``outputs``: as ``run_chain``'s."""
         self.done = 0
         parts = []
-        size = GROUP if self._flatten else 1
-        padded = self._flatten and self.phase.reducer is None
-        while self.done < len(params):
-            left = len(params) - self.done
-            n = size if left >= size else left if padded else 1
+        for n, padding in self._batches(len(params)):
             batch = slice(self.done, self.done + n)
             first = [0] * n if starts is None else starts[batch]
-            extra = [0] * (size - n if padded else 0)  # the padding's seeds and starts (its writes are thrown away)
+            extra = [0] * padding  # the padding's seeds and starts (its writes are thrown away)
             rounding = None if seeds is None else rounding_rows(seeds[batch] + extra, first + extra, params[0].device)
             parts.append(self._call(params[batch], inputs[batch], states[batch], values, layout, static, rounding,
-                                    None if outputs is None else outputs[batch], len(extra)))
+                                    None if outputs is None else outputs[batch], padding))
             self.done += n
         return parts
 
+    def prepare(self, params, grads, states) -> list[tuple]:
+        """The calls ``__call__`` would make on these parameters (``accepts`` said yes to each, no rounding, no
+        outputs), each ``(start, stop, params, state lists, padding gradients)`` with its parameters and state
+        made flat and padded once, for ``run_prepared`` at every steady step (``core/steady.py``): only the
+        gradients are new. Valid while the tensors keep their memory and layout, which the caller checks."""
+        calls, done = [], 0
+        for n, padding in self._batches(len(params)):
+            batch = slice(done, done + n)
+            args = self._arguments(params[batch], grads[batch], states[batch], None, padding)
+            calls.append((done, done + n, args[0], self._state_lists(args[2]), args[1][n:]))
+            done += n
+        return calls
+
+    def run_prepared(self, calls: list[tuple], grads: list[Tensor], values: Tensor, layout, static) -> None:
+        """Run the calls ``prepare`` made with this step's gradients; ``done`` counts as in ``__call__``."""
+        self.done = 0
+        for start, stop, params, state, padding in calls:
+            given = grads[start:stop]
+            if self._flatten:
+                given = [flat_alias(g) for g in given] + padding
+            self._run(params, given, state, values, layout, static, None, None)
+            self.done = stop
+
+    def _batches(self, count: int) -> list[tuple[int, int]]:
+        """``(parameters, padding)`` of each call over ``count`` parameters, in order."""
+        size = GROUP if self._flatten else 1
+        padded = self._flatten and self.phase.reducer is None
+        out = []
+        while count:
+            n = size if count >= size else count if padded else 1
+            out.append((n, size - n if padded else 0))
+            count -= n
+        return out
+
+    def _arguments(self, params, grads, states, outputs, padding: int):
+        """One call's ``(params, grads, states, outputs)`` as the graph takes them: an elementwise phase's flat
+        aliases, padded; else a ``Parameter`` as a plain tensor (dynamo keeps a Parameter's sizes static, and
+        they would pin the grad's and state's too)."""
+        if not self._flatten:
+            return ([p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
+                     if isinstance(p, torch.nn.Parameter) else p for p in params], grads, states, outputs)
+        states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
+                  for p, st in zip(params, states)]
+        params, grads = [self._flat(p) for p in params], [flat_alias(g) for g in grads]
+        outputs = None if outputs is None else [flat_alias(o) for o in outputs]
+        if padding:
+            return pad(params, grads, states, outputs, padding)
+        return params, grads, states, outputs
+
+    def _state_lists(self, states: list[dict[str, Tensor]]) -> dict[str, list[Tensor]]:
+        """Each state key's tensors, a list per key. 0-d state goes in as shape (1,): inductor (torch 2.13, CPU)
+        drops writes to 0-d float64 inputs, should a transform ever write one in update() (``Transform.advance``
+        is the place)."""
+        return {k: [self._flat(st[k]) if st[k].dim() == 0 else st[k] for st in states] for k in states[0]}
+
     def _call(self, params, grads, states, values, layout, static, rounding, outputs, padding=0) -> dict[str, Tensor]:
-        if self._flatten:
-            states = [{k: self._flat(v) if v.shape == p.shape else v for k, v in st.items()}
-                      for p, st in zip(params, states)]
-            params, grads = [self._flat(p) for p in params], [flat_alias(g) for g in grads]
-            outputs = None if outputs is None else [flat_alias(o) for o in outputs]
-            if padding:
-                params, grads, states, outputs = pad(params, grads, states, outputs, padding)
-        else:
-            # dynamo keeps a Parameter's sizes static, and they would pin the grad's and state's too
-            params = [p.new_empty(0).set_(p.untyped_storage(), p.storage_offset(), p.shape, p.stride())
-                      if isinstance(p, torch.nn.Parameter) else p for p in params]
-        # 0-d state goes in as shape (1,): inductor (torch 2.13, CPU) drops writes to 0-d float64
-        # inputs, should a transform ever write one in update() (Transform.advance is the place)
-        state = {k: [self._flat(st[k]) if st[k].dim() == 0 else st[k] for st in states] for k in states[0]}
+        params, grads, states, outputs = self._arguments(params, grads, states, outputs, padding)
+        return self._run(params, grads, self._state_lists(states), values, layout, static, rounding, outputs)
+
+    def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
+        """One graph call on arguments as the graph takes them, compiling first (on copies) if it is new."""
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
         before = self.compiles
         start = time.perf_counter()

@@ -16,7 +16,8 @@ any write, everything that could have made the general step do otherwise:
 - every hyperparameter, checked where it changed (``check_hyperparameters``) with the same static values,
   and the engine options a wrapper may put back into a group;
 - every parameter shaped, typed and placed as its state was checked for, every gradient dense and alike
-  (and, compiled, laid out as the graph takes it);
+  (and, compiled, strided as before, every parameter and state tensor in the memory the compiled calls were
+  prepared for: ``CompiledStep.prepare``);
 - the same state: the same ``optimizer.state`` (``load_state_dict`` makes a new one), the same dict and the
   same tensor under every key, for every parameter, and no step counter written since (a tensor's
   ``_version`` counts its in-place writes: reading them needs no ``int()``, no device sync).
@@ -48,6 +49,9 @@ from gradwise.core.stepping import PhasedStep
 from gradwise.core.storage import PlainStorage
 
 _VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
+_STRIDE = Tensor.stride
+_DATA_PTR = Tensor.data_ptr
+_SHAPE = operator.attrgetter("shape")
 
 
 @dataclass
@@ -74,6 +78,13 @@ class SteadyBucket:
     runner: CompiledStep | None
     #: compiled: the parameters its graphs take (``accepts``; the others, as tensors of one element, run eagerly)
     chosen: list[int]
+    #: compiled: the calls ``runner.prepare`` made of the chosen parameters, valid while ``memory`` is the same
+    calls: list[tuple] | None
+    #: compiled: every parameter and its state tensors, their ``_memory`` then and the gradients' strides: what
+    #: ``accepts`` and the prepared calls read of them
+    tensors: list[Tensor] | None
+    memory: tuple[list[int], list[tuple], list[tuple]] | None
+    grad_strides: list[tuple] | None
     #: eager, small parameters: the ``(start, stop, state lists)`` of each batch ``run_eager`` would make
     batches: list[tuple[int, int, dict[str, list[Tensor]]]] | None
     advances: bool
@@ -123,7 +134,8 @@ class SteadyStep(PhasedStep):
             if static != b.static or not _same_state(self.state, b) \
                     or list(map(_VERSION, b.buffers["step"])) != b.versions or not _gradients_fit(b, grads) \
                     or self._runner(b.phase) is not b.runner \
-                    or (b.runner is not None and _accepted(b.runner, b.params, grads, b.own) != b.chosen):
+                    or (b.runner is not None and (list(map(_STRIDE, grads)) != b.grad_strides
+                                                  or _memory(b.tensors) != b.memory)):
                 return False
             runs.append((b, hyper, static, grads))
         done = []
@@ -154,7 +166,7 @@ class SteadyStep(PhasedStep):
             taken = set(chosen)
             eager = [i for i in range(len(b.params)) if i not in taken] if len(chosen) < len(b.params) else []
             try:
-                b.runner(*_pick(chosen, b.params, grads, b.own), values, layout, static, None, None, [0] * len(chosen))
+                b.runner.run_prepared(b.calls, _pick(chosen, grads)[0], values, layout, static)
             except Exception as error:  # under "auto", a failed compile falls back to eager
                 self._fall_back(error)  # (the next step sees no runner, and runs the general step)
                 eager += chosen[b.runner.done:]
@@ -187,11 +199,15 @@ class SteadyStep(PhasedStep):
             if any(k not in st for st in b.states for k in buffers):
                 return
             runner, chain = self._runner(phase), self.chain_of(b.group)
+            chosen = [] if runner is None else _accepted(runner, b.params, b.inputs, own)
+            calls = None if runner is None else runner.prepare(*_pick(chosen, b.params, b.inputs, own))
+            tensors = None if runner is None else [t for p, st in zip(b.params, own) for t in (p, *st.values())]
             kept.append(SteadyBucket(b.group, ("steady", index), b.values.dtype, chain, phase, list(b.params),
                                      list(b.states), buffers, own, *self._hyper_values(b.group),
                                      int(b.states[0]["step"]), list(map(_VERSION, buffers["step"])),
-                                     [(p.shape, p.dtype, p.device) for p in b.params], runner,
-                                     [] if runner is None else _accepted(runner, b.params, b.inputs, own),
+                                     [(p.shape, p.dtype, p.device) for p in b.params], runner, chosen, calls,
+                                     tensors, None if runner is None else _memory(tensors),
+                                     None if runner is None else list(map(_STRIDE, b.inputs)),
                                      None if runner is not None else _batches(phase, b.params, keys, buffers, b.static),
                                      self._uses(chain, "advance")))
         self._steady = Steady(self.state, self.transform, [(g, list(ps)) for g, ps in work], kept)
@@ -212,6 +228,13 @@ def _gradients_fit(b: SteadyBucket, grads: list[Tensor]) -> bool:
                 or p.dtype != dtype or g.device != device or p.device != device:
             return False
     return True
+
+
+def _memory(tensors: list[Tensor]) -> tuple[list[int], list[tuple], list[tuple]]:
+    """Where each tensor's memory starts, its shape and its strides: while they stay the same for a bucket's
+    parameters and state (and its gradients' strides), ``accepts`` answers as before and the prepared calls' flat
+    aliases read the same memory (``p.data = ...`` or an in-place ``set_`` changes them)."""
+    return list(map(_DATA_PTR, tensors)), list(map(_SHAPE, tensors)), list(map(_STRIDE, tensors))
 
 
 def _accepted(runner: CompiledStep, params: list[Tensor], grads: list[Tensor], own: list[dict[str, Tensor]]):
