@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
-from torch.fx.experimental import _config as fx_config
 
 from gradwise.core import lists
+from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.namespaces import Namespaced
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
@@ -176,13 +176,11 @@ class CompiledStep:
         self.compiles = 0
         self.compile_seconds = 0.0
         self.done = 0
-        self._compiled_for: set[tuple] = set()
-        fn = private_copy(run_chain)
         self._flatten = phase.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
         # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
-        self._compiled = torch.compile(fn, backend=self._backend, dynamic=True, fullgraph=True)
+        self._graphs = GuardedGraphs(private_copy(run_chain), self._backend, dynamic=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
@@ -290,23 +288,13 @@ class CompiledStep:
         return self._run(params, grads, self._state_lists(states), values, layout, static, rounding, outputs)
 
     def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
-        """One graph call on arguments as the graph takes them, compiling first (on copies) if it is new."""
+        """One graph call on arguments as the graph takes them, compiling first if none takes them."""
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
         before = self.compiles
         start = time.perf_counter()
-        # equal lengths today need not be equal tomorrow: no duck shapes while dynamo may trace (set and put
-        # back by hand: ``fx_config.patch`` costs several times as much, at every call)
-        duck_shape, fx_config.use_duck_shape = fx_config.use_duck_shape, False
-        try:
-            if key not in self._compiled_for:
-                # compile on copies first: a graph that fails to compile then changes nothing
-                copies = {k: [v.clone() for v in vs] for k, vs in state.items()}
-                self._compiled(self.phase, [p.clone() for p in params], grads, copies, values, layout, static,
-                               rounding, None if outputs is None else [o.clone() for o in outputs])
-                self._compiled_for.add(key)
-            parts = self._compiled(self.phase, params, grads, state, values, layout, static, rounding, outputs)
-        finally:
-            fx_config.use_duck_shape = duck_shape
+        parts = self._graphs(key, {"phase": self.phase, "params": params, "inputs": grads, "state": state,
+                                   "values": values, "layout": layout, "static": static, "rounding": rounding,
+                                   "outputs": outputs})
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds

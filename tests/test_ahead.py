@@ -1,0 +1,87 @@
+"""``GuardedGraphs`` (``core/ahead.py``): graphs compiled ahead of time run where their guards pass, another is
+compiled where none does, past dynamo's recompile limit the function runs eagerly, and the path through
+``torch.compile``'s function (a torch without ``aot_compile``) steps an optimizer to the same numbers."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import gradwise
+from gradwise.core.ahead import GuardedGraphs
+from gradwise.core.executor import private_copy
+
+pytestmark = pytest.mark.slow
+
+
+def scaled_sum(x, y, scale=2.0):
+    """x <- x + scale y, in place; returns the sum of x."""
+    x.add_(y * scale)
+    return x.sum()
+
+
+class Counting:
+    """A backend that counts its graphs and compiles them with inductor."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.graphs += 1
+        return compile_fx(gm, example_inputs)
+
+
+def test_one_graph_serves_every_length_and_another_is_compiled_where_the_guards_fail():
+    backend = Counting()
+    graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True)
+    for n in (5, 9, 33):
+        x, y = torch.randn(n), torch.randn(n)
+        want = x + y * 2.0
+        total = graphs("key", {"x": x, "y": y})
+        assert torch.allclose(x, want) and torch.allclose(total, want.sum())
+    assert backend.graphs == 1
+    # a rank and a dtype the graph was not compiled for: its guards fail
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    want = x + y * 2.0
+    graphs("key", {"x": x, "y": y})
+    assert x.dtype == torch.float64 and torch.allclose(x, want)
+    assert backend.graphs == 2
+    graphs("key", {"x": torch.randn(6, 2, dtype=torch.float64), "y": torch.randn(6, 2, dtype=torch.float64)})
+    assert backend.graphs == 2
+
+
+def test_past_the_recompile_limit_the_function_runs_eagerly(monkeypatch, caplog):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    backend = Counting()
+    graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True)
+    graphs("key", {"x": torch.randn(5), "y": torch.randn(5)})
+    x, y = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    want = x + y * 2.0
+    with caplog.at_level(logging.WARNING, logger="gradwise"):
+        graphs("key", {"x": x, "y": y})
+    assert torch.equal(x, want)
+    assert backend.graphs == 1
+    assert "running it eagerly" in caplog.text
+
+
+def _trained(monkeypatch, ahead: bool):
+    monkeypatch.setattr(GuardedGraphs, "ahead", ahead)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(7, 5), (5,), (3, 3, 2), (11,)] * 3]
+    optimizer = gradwise.AdamW(params, lr=1e-2, weight_decay=0.1, compile=True)
+    for step in range(6):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.param_groups[0]["lr"] = 1e-2 / (1 + step)
+        optimizer.step()
+    return params, optimizer.compile_stats["compiles"]
+
+
+def test_the_path_through_torch_compiles_function_steps_to_the_same_numbers(monkeypatch):
+    ahead, ahead_graphs = _trained(monkeypatch, True)
+    through, through_graphs = _trained(monkeypatch, False)
+    assert all(torch.equal(a, b) for a, b in zip(ahead, through))
+    assert ahead_graphs == through_graphs == 1
