@@ -4,11 +4,13 @@ compiled where none does, past dynamo's recompile limit the function runs eagerl
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
 
 import gradwise
+from gradwise import Optimizer, Transform, chain, scale_by_learning_rate
 from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.executor import private_copy
 
@@ -85,3 +87,29 @@ def test_the_path_through_torch_compiles_function_steps_to_the_same_numbers(monk
     through, through_graphs = _trained(monkeypatch, False)
     assert all(torch.equal(a, b) for a, b in zip(ahead, through))
     assert ahead_graphs == through_graphs == 1
+
+
+#: read by ``flip_by_global`` when it is traced: a graph compiled for one value must not run for the other
+FLIP = False
+
+
+class flip_by_global(Transform):
+    """u <- -u where the module's global ``FLIP`` is true, else u."""
+
+    name = "by_global"
+
+    def update(self, updates, state, ctx):
+        return [-u if FLIP else u for u in updates]
+
+
+def test_a_global_the_chain_reads_is_guarded(monkeypatch):
+    params = [torch.nn.Parameter(torch.ones(6)) for _ in range(3)]
+    optimizer = Optimizer(params, chain(flip_by_global(), scale_by_learning_rate()), lr=0.5, compile=True)
+    for p in params:
+        p.grad = torch.ones(6)
+    optimizer.step()
+    assert all(torch.equal(p, torch.full((6,), 0.5)) for p in params)
+    monkeypatch.setattr(sys.modules[__name__], "FLIP", True)
+    optimizer.step()
+    assert all(torch.equal(p, torch.ones(6)) for p in params)
+    assert optimizer.compile_stats["compiles"] == 2

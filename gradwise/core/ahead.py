@@ -2,16 +2,20 @@
 
 A function made by ``torch.compile`` pays dynamo's entry at every call before its graph runs: the wrapper, the
 frame hook that finds the frame's cached code and evaluates its guards, then the code that unpacks the arguments
-(about 100 microseconds a call on a 2-core CPU, where the graph of AdamW on eight small tensors runs in 15).
+(on small tensors, several times what the graph itself takes: ``bench/overhead.py --rows "gradwise compiled"``).
 ``torch.compile(fn, fullgraph=True).aot_compile(example)`` (torch 2.9 and later) traces and compiles ``fn`` for
 the example and hands back the compiled function with its guards, to be called as a plain function. So:
 
-- a call looks up the graphs compiled for its key (what the caller knows decides the graph: lengths, dtypes,
-  layout) and runs the first whose guards its arguments pass: the guards dynamo would evaluate, from the same
-  C++ guard manager, without the frame hook around them;
+- a call looks up the graphs compiled for its key (what the caller knows decides the graph: the phase, counts,
+  dtypes, layout) and runs the first whose guards its arguments pass, in dynamo's own C++ guard manager, without
+  the frame hook around it. The guards are dynamo's (on every tensor's metadata, on the values traced, on the
+  globals read: ``aot_compile`` would drop those) but the identity checks it cannot hold (that an object, a
+  function or a closure's cell is the very one traced: gradwise's functions and the phase's links, which an
+  optimizer keeps for its life);
 - where none passes, it compiles another, as dynamo recompiles, up to dynamo's ``recompile_limit`` graphs a key;
   past that it runs ``fn`` as written, eagerly, as dynamo does;
-- while it traces, dynamo's duck shapes are off (equal lengths today need not be equal tomorrow);
+- while it traces, dynamo's duck shapes are off (equal lengths today need not be equal tomorrow), and it traces
+  again where dynamo asks to start over;
 - on a torch without ``aot_compile``, each call goes through ``torch.compile``'s function as before.
 
 Compiling traces on the arguments' metadata and runs nothing, so a graph that fails to compile has changed
@@ -40,7 +44,9 @@ class GuardedGraphs:
 
     def __init__(self, fn: Callable, backend: Callable, dynamic: bool):
         self._fn = fn
-        self._compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
+        # the guards on globals too (``aot_compile`` drops them by default, for graphs written to disk)
+        self._compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True,
+                                       options={"guard_filter_fn": _kept_guards})
         self._defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()
                           if p.default is not inspect.Parameter.empty}
         self._graphs: dict[Hashable, list[Any]] = {}
@@ -59,10 +65,31 @@ class GuardedGraphs:
             logger.warning("%d graphs compiled for one key of %s, none taking these inputs: running it eagerly",
                            len(graphs), self._fn.__name__)
             return self._fn(**args)
-        with _no_duck_shapes():
-            graph = self._compiled.aot_compile(((), args))
+        graph = self._compile(args)
         graphs.append(graph)
         return graph.fn(**args)
+
+
+    def _compile(self, args: dict[str, Any]) -> Any:
+        """A graph for ``args``. Tracing again where dynamo asks to (it turned a Python number into a tensor and
+        must start over; dynamo's own calls do the same), as many times as dynamo allows itself."""
+        for attempt in range(_RESTARTS):
+            try:
+                with _no_duck_shapes():
+                    return self._compiled.aot_compile(((), args))
+            except torch._dynamo.exc.TensorifyScalarRestartAnalysis:
+                if attempt == _RESTARTS - 1:
+                    raise
+
+
+#: how many times a trace may start over (``torch._dynamo.convert_frame`` gives up past 100 attempts)
+_RESTARTS = 100
+
+
+def _kept_guards(entries: list) -> list[bool]:
+    """Every guard but those ``aot_compile`` cannot hold (identities of objects, functions, closures' contents)."""
+    unheld = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [entry.guard_type not in unheld for entry in entries]
 
 
 class _no_duck_shapes:
