@@ -1,9 +1,9 @@
-"""``GuardedGraphs`` (``core/ahead.py``): graphs compiled ahead of time run where their guards pass, another is
-compiled where none does, past dynamo's recompile limit the function runs eagerly, and the path through
-``torch.compile``'s function (a torch without ``aot_compile``) steps an optimizer to the same numbers."""
+"""``GuardedGraphs`` (``core/ahead.py``): dynamo's entries run without its frame hook where their guards pass,
+another is compiled where none does, past dynamo's recompile limit a call is refused (``fullgraph``), a global the chain
+reads is guarded, kept entries outlive ``torch._dynamo.reset()``, and the path through dynamo at every call (a
+torch that does not show its entries) steps an optimizer to the same numbers."""
 from __future__ import annotations
 
-import logging
 import sys
 
 import pytest
@@ -55,18 +55,16 @@ def test_one_graph_serves_every_length_and_another_is_compiled_where_the_guards_
     assert backend.graphs == 2
 
 
-def test_past_the_recompile_limit_the_function_runs_eagerly(monkeypatch, caplog):
+def test_past_the_recompile_limit_a_call_is_refused_and_changes_nothing(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     backend = Counting()
     graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True)
     graphs("key", {"x": torch.randn(5), "y": torch.randn(5)})
     x, y = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
-    want = x + y * 2.0
-    with caplog.at_level(logging.WARNING, logger="gradwise"):
+    before = x.clone()
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         graphs("key", {"x": x, "y": y})
-    assert torch.equal(x, want)
-    assert backend.graphs == 1
-    assert "running it eagerly" in caplog.text
+    assert torch.equal(x, before) and backend.graphs == 1
 
 
 def _trained(monkeypatch, ahead: bool):
@@ -82,7 +80,7 @@ def _trained(monkeypatch, ahead: bool):
     return params, optimizer.compile_stats["compiles"]
 
 
-def test_the_path_through_torch_compiles_function_steps_to_the_same_numbers(monkeypatch):
+def test_the_path_through_dynamo_at_every_call_steps_to_the_same_numbers(monkeypatch):
     ahead, ahead_graphs = _trained(monkeypatch, True)
     through, through_graphs = _trained(monkeypatch, False)
     assert all(torch.equal(a, b) for a, b in zip(ahead, through))
@@ -113,3 +111,14 @@ def test_a_global_the_chain_reads_is_guarded(monkeypatch):
     optimizer.step()
     assert all(torch.equal(p, torch.ones(6)) for p in params)
     assert optimizer.compile_stats["compiles"] == 2
+
+
+def test_kept_entries_run_on_after_dynamo_is_reset():
+    params = [torch.nn.Parameter(torch.ones(6)) for _ in range(3)]
+    optimizer = Optimizer(params, chain(flip_by_global(), scale_by_learning_rate()), lr=0.5, compile=True)
+    for p in params:
+        p.grad = torch.ones(6)
+    optimizer.step()
+    torch._dynamo.reset()
+    optimizer.step()
+    assert all(torch.equal(p, torch.zeros(6)) for p in params)

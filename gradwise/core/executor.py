@@ -176,6 +176,7 @@ class CompiledStep:
         self.compiles = 0
         self.compile_seconds = 0.0
         self.done = 0
+        self._compiled_for: set[tuple] = set()
         self._flatten = phase.elementwise
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
@@ -292,9 +293,15 @@ class CompiledStep:
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
         before = self.compiles
         start = time.perf_counter()
-        parts = self._graphs(key, {"phase": self.phase, "params": params, "inputs": grads, "state": state,
-                                   "values": values, "layout": layout, "static": static, "rounding": rounding,
-                                   "outputs": outputs})
+        args = {"phase": self.phase, "params": params, "inputs": grads, "state": state, "values": values,
+                "layout": layout, "static": static, "rounding": rounding, "outputs": outputs}
+        if key not in self._compiled_for:
+            # compile on copies first: a graph that fails to compile then changes nothing
+            self._graphs(key, {**args, "params": [p.clone() for p in params],
+                               "state": {k: [v.clone() for v in vs] for k, vs in state.items()},
+                               "outputs": None if outputs is None else [o.clone() for o in outputs]})
+            self._compiled_for.add(key)
+        parts = self._graphs(key, args)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
