@@ -185,7 +185,7 @@ class CompiledStep:
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
-        the graph runs, and checking them again costs about a microsecond per tensor per call."""
+        the graph runs, and checking them again costs a call per tensor at every graph call."""
         from torch._inductor.compile_fx import compile_fx
 
         self.compiles += 1
