@@ -60,10 +60,10 @@ class GuardedGraphs:
 
     def _keep(self, key: Hashable, frame: dict[str, Any]) -> None:
         """Keep the entry dynamo ran ``frame`` by (none, where it ran the function eagerly): its guard manager and
-        its code as a function, with the globals dynamo put its graph in (a copy: they stay with the entry)."""
+        its code as a function of the globals dynamo put its graph in (``fn``'s, which the guards read too)."""
         kept = self._graphs.setdefault(key, [])
         for entry in _cache_entries(self._fn.__code__):
             if all(guards is not entry.guard_manager for guards, _ in kept) and entry.guard_manager.check(frame):
                 code = entry.code
-                kept.append((entry.guard_manager, types.FunctionType(code, dict(self._fn.__globals__), code.co_name)))
+                kept.append((entry.guard_manager, types.FunctionType(code, self._fn.__globals__, code.co_name)))
                 return
