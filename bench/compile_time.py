@@ -9,7 +9,11 @@ user pays it once per machine. Then, for each recipe, two processes in turn buil
 GPT-2-shaped set of ``--size`` (fixed random gradients, ``torch.set_num_threads`` as ``--threads``) and time
 its first step (tracing, compiling or loading the graphs, and the step) and its second (compiled, for
 comparison); the graphs and their seconds come from ``optimizer.compile_stats``. A graph two recipes share
-(none of the rows today) would be warm for the second.
+(none of the rows today) would be warm for the second. On Linux each row also has the first step's peak memory
+(the resident set's high-water mark, reset just before the step, less the resident set then; the processes run
+with ``MALLOC_MMAP_THRESHOLD_=65536``, so that memory freed is given back and the mark follows live tensors) and
+its ratio to the peak of ``torch.optim.AdamW(fused=True)``'s first step on the same set, in a process of its own:
+both create the state there, and a compiled first step also compiles.
 """
 from __future__ import annotations
 
@@ -31,10 +35,13 @@ from gradwise.shapes import SIZES, gpt2_shapes  # noqa: E402
 
 
 def first_steps(recipe: str, size: str, threads: int) -> dict:
-    """In this process: build ``recipe`` compiled on the ``size`` set and time its first two steps."""
+    """In this process: build ``recipe`` compiled on the ``size`` set (or, for ``"torch"``, torch's fused AdamW) and
+    time its first two steps; the first one's peak memory in MiB above the resident set before it (None where the
+    high-water mark cannot be reset: not Linux)."""
     import torch
 
     import gradwise
+    from gradwise.arena.runner import peak_rss_mb, reset_peak_rss, rss_now_mb
 
     torch.set_num_threads(threads)
     generator = torch.Generator().manual_seed(0)
@@ -43,15 +50,24 @@ def first_steps(recipe: str, size: str, threads: int) -> dict:
         p = torch.nn.Parameter(torch.randn(shape, generator=generator) * 0.02)
         p.grad = torch.randn(shape, generator=generator) * 1e-3
         params.append(p)
-    cls_name, hyper, _ = RECIPES[recipe]
-    optimizer = getattr(gradwise, cls_name)(params, **hyper, compile=True)
-    seconds = []
-    for _ in range(2):
+    if recipe == "torch":
+        optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    else:
+        cls_name, hyper, _ = RECIPES[recipe]
+        optimizer = getattr(gradwise, cls_name)(params, **hyper, compile=True)
+
+    def timed_step() -> float:
         start = time.perf_counter()
         optimizer.step()
-        seconds.append(time.perf_counter() - start)
-    stats = optimizer.compile_stats
-    return {"first_s": seconds[0], "second_s": seconds[1], "graphs": stats["compiles"], "compile_s": stats["seconds"]}
+        return time.perf_counter() - start
+
+    scope, before = reset_peak_rss(), rss_now_mb()
+    first = timed_step()
+    peak = peak_rss_mb(scope) - before if scope == "trial" and before is not None else None
+    second = timed_step()
+    stats = getattr(optimizer, "compile_stats", {"compiles": 0, "seconds": 0.0})
+    return {"first_s": first, "second_s": second, "graphs": stats["compiles"], "compile_s": stats["seconds"],
+            "first_peak_mib": peak}
 
 
 def start_up() -> dict:
@@ -65,7 +81,7 @@ def start_up() -> dict:
 
 def _child(args: list[str], cache: str) -> dict:
     """Run this script with ``args`` in a new process on the ``cache`` folder; its one line of JSON."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "MALLOC_MMAP_THRESHOLD_": "65536"}
     done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"bench/compile_time.py {' '.join(args)} failed:\n{done.stderr[-4000:]}")
@@ -80,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated subset of {','.join(RECIPES)}")
     parser.add_argument("--threads", type=positive_int_argument, default=1, metavar="T", help="torch.set_num_threads")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # a measuring process: a recipe, or "start-up"
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # a measuring process: a recipe, "torch" or "start-up"
     args = parser.parse_args(argv)
     if args.child:
         result = start_up() if args.child == "start-up" else first_steps(args.child, args.size, args.threads)
@@ -93,13 +109,19 @@ def main(argv: list[str] | None = None) -> int:
               f"a fresh inductor cache in {cache}")
         results = {"start-up": _child(["--child", "start-up"], cache), "rows": {}}
         print(f"inductor's start-up in a new cache folder (x + 1): {results['start-up']['first_s']:.1f} s")
+        torch_row = results["torch"] = _child(["--child", "torch", *common], cache)
+        torch_peak = torch_row["first_peak_mib"]
+        print(f"torch.optim.AdamW(fused=True)'s first step: {torch_row['first_s']:.2f} s, peak "
+              + ("not measured (no /proc/self/clear_refs)" if torch_peak is None else f"+{torch_peak:.0f} MiB"))
         print(f"{'recipe':<20}{'cold first step s':>19}{'warm first step s':>19}{'graphs':>8}"
-              f"{'compiled step ms':>18}")
+              f"{'compiled step ms':>18}{'first step peak MiB':>21}{'x torch':>9}")
         for recipe in args.recipes:
             cold, warm = (_child(["--child", recipe, *common], cache) for _ in range(2))
             results["rows"][recipe] = {"cold": cold, "warm": warm}
+            peak = cold["first_peak_mib"]
+            peak_text = ("-", "-") if peak is None or not torch_peak else (f"{peak:.0f}", f"{peak / torch_peak:.2f}")
             print(f"{recipe:<20}{cold['first_s']:>19.2f}{warm['first_s']:>19.2f}{cold['graphs']:>8}"
-                  f"{warm['second_s'] * 1e3:>18.1f}", flush=True)
+                  f"{warm['second_s'] * 1e3:>18.1f}{peak_text[0]:>21}{peak_text[1]:>9}", flush=True)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     results["loadavg_end"] = list(os.getloadavg())

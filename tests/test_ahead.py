@@ -122,3 +122,38 @@ def test_kept_entries_run_on_after_dynamo_is_reset():
     torch._dynamo.reset()
     optimizer.step()
     assert all(torch.equal(p, torch.zeros(6)) for p in params)
+
+
+def test_an_elementwise_graph_is_compiled_on_two_element_copies_then_runs_the_parameters(monkeypatch):
+    """The first call of a kind runs on copies (a failed compile then changes nothing): for an elementwise chain,
+    the first two elements of each tensor it writes or reads, so compiling copies nothing of a large parameter; the
+    same graph then steps the parameters themselves, to eager's numbers (within float32 rounding: inductor's
+    arithmetic is not eager's op for op)."""
+    calls = []
+    call = GuardedGraphs.__call__
+
+    def spying(self, key, args):
+        seen = {name: [t.untyped_storage().data_ptr() for t in args[name]] for name in ("params", "inputs")}
+        calls.append({**seen, "sizes": [t.numel() for t in args["params"]],
+                      "state": [len(ts[0]) for ts in args["state"].values()]})
+        return call(self, key, args)
+
+    monkeypatch.setattr(GuardedGraphs, "__call__", spying)
+    params = [torch.nn.Parameter(torch.randn(300, 40)), torch.nn.Parameter(torch.randn(500))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, q in zip(params, twins):
+        p.grad = q.grad = torch.randn_like(p)
+    compiled = gradwise.AdamW(params, lr=0.1, weight_decay=0.1, compile=True)
+    eager = gradwise.AdamW(twins, lr=0.1, weight_decay=0.1, compile=False)
+    for _ in range(2):
+        compiled.step()
+        eager.step()
+    assert compiled.compile_stats["compiles"] == 1
+    first, second = calls[0], calls[1]
+    assert first["sizes"][:2] == [2, 2] and second["sizes"][:2] == [12000, 500]
+    assert all(length in (1, 2) for length in first["state"])  # moments cut to two; the 0-d step whole
+    real = {p.untyped_storage().data_ptr() for p in params} | {p.grad.untyped_storage().data_ptr() for p in params}
+    assert not real & set(first["params"] + first["inputs"])
+    assert set(second["params"][:2]) == {p.untyped_storage().data_ptr() for p in params}
+    for p, q in zip(params, twins):
+        torch.testing.assert_close(p, q, rtol=2e-6, atol=1e-7)

@@ -297,9 +297,7 @@ class CompiledStep:
                 "layout": layout, "static": static, "rounding": rounding, "outputs": outputs}
         if key not in self._compiled_for:
             # compile on copies first: a graph that fails to compile then changes nothing
-            self._graphs(key, {**args, "params": [p.clone() for p in params],
-                               "state": {k: [v.clone() for v in vs] for k, vs in state.items()},
-                               "outputs": None if outputs is None else [o.clone() for o in outputs]})
+            self._graphs(key, self._stand_ins(args))
             self._compiled_for.add(key)
         parts = self._graphs(key, args)
         if self.compiles != before:
@@ -308,6 +306,27 @@ class CompiledStep:
             logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.phase, len(params),
                         params[0].dtype, params[0].device, seconds)
         return parts
+
+
+    def _stand_ins(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` with copies of what the graph writes, for its first call: a graph that fails to compile then
+        changes nothing. An elementwise phase's graph takes flat tensors of any length of two or more (dynamo
+        specializes 0 and 1), so its copies are each tensor's first two elements (the graph's inputs too, so that
+        no copy is a view): compiling then copies nothing of a large parameter, where whole copies took seconds
+        and the memory of the group's parameters and state again. Another chain's graph is compiled for its
+        tensors' shapes (a transform may branch on them): its copies are whole."""
+        params = args["params"]
+        if not self._flatten:
+            return {**args, "params": [p.clone() for p in params],
+                    "state": {k: [v.clone() for v in vs] for k, vs in args["state"].items()},
+                    "outputs": None if args["outputs"] is None else [o.clone() for o in args["outputs"]]}
+
+        def head(ts: list[Tensor]) -> list[Tensor]:
+            return [t[:2].clone() if t.shape == p.shape else t.clone() for t, p in zip(ts, params)]
+
+        return {**args, "params": head(params), "inputs": head(args["inputs"]),
+                "state": {k: head(vs) for k, vs in args["state"].items()},
+                "outputs": None if args["outputs"] is None else head(args["outputs"])}
 
 
 def pad(params: list[Tensor], grads: list[Tensor], states: list[dict[str, Tensor]], outputs: list[Tensor] | None,
