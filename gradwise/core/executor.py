@@ -315,17 +315,13 @@ class CompiledStep:
         parameters and state to the first step's peak memory (463 MB on the 124m set). Another chain's graph is
         compiled for its tensors' shapes (a transform may branch on them): its copies are whole."""
         params = args["params"]
-        if not self._flatten:
-            return {**args, "params": [p.clone() for p in params],
-                    "state": {k: [v.clone() for v in vs] for k, vs in args["state"].items()},
-                    "outputs": None if args["outputs"] is None else [o.clone() for o in args["outputs"]]}
 
-        def head(ts: list[Tensor]) -> list[Tensor]:
-            return [t[:2].clone() if t.shape == p.shape else t.clone() for t, p in zip(ts, params)]
+        def copies(ts: list[Tensor]) -> list[Tensor]:
+            return [two_element_copy(t, p) if self._flatten else t.clone() for t, p in zip(ts, params)]
 
-        return {**args, "params": head(params), "inputs": head(args["inputs"]),
-                "state": {k: head(vs) for k, vs in args["state"].items()},
-                "outputs": None if args["outputs"] is None else head(args["outputs"])}
+        return {**args, "params": copies(params), "inputs": copies(args["inputs"]),
+                "state": {k: copies(vs) for k, vs in args["state"].items()},
+                "outputs": None if args["outputs"] is None else copies(args["outputs"])}
 
 
 def pad(params: list[Tensor], grads: list[Tensor], states: list[dict[str, Tensor]], outputs: list[Tensor] | None,
@@ -334,10 +330,16 @@ def pad(params: list[Tensor], grads: list[Tensor], states: list[dict[str, Tensor
     first two elements (and its other state whole), so that the group's graph runs it: two elements, as
     dynamo specializes lengths 0 and 1. What the copies write is thrown away."""
     p, g, st = params[-1], grads[-1], states[-1]
-    twin = {k: v[:2].clone() if v.shape == p.shape else v.clone() for k, v in st.items()}
+    twin = {k: two_element_copy(v, p) for k, v in st.items()}
     copies = [{k: v.clone() for k, v in twin.items()} for _ in range(count)]
     return (params + [p[:2].clone() for _ in range(count)], grads + [g[:2].clone() for _ in range(count)],
             states + copies, None if outputs is None else outputs + [outputs[-1][:2].clone() for _ in range(count)])
+
+
+def two_element_copy(t: Tensor, p: Tensor) -> Tensor:
+    """A copy of the flat tensor ``t``'s first two elements where it is shaped as its flat parameter ``p`` (a
+    parameter, its gradient or a state buffer of it), else of all of ``t`` (other state)."""
+    return t[:2].clone() if t.shape == p.shape else t.clone()
 
 
 def flattenable(p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
