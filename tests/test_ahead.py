@@ -1,7 +1,7 @@
 """``GuardedGraphs`` (``core/ahead.py``): dynamo's entries run without its frame hook where their guards pass,
 another is compiled where none does, past dynamo's recompile limit a call is refused (``fullgraph``), a global the chain
-reads is guarded, kept entries outlive ``torch._dynamo.reset()``, and the path through dynamo at every call (a
-torch that does not show its entries) steps an optimizer to the same numbers."""
+reads is guarded (the library's own globals are not), kept entries outlive ``torch._dynamo.reset()``, and the path
+through dynamo at every call (a torch that does not show its entries) steps an optimizer to the same numbers."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,7 @@ import torch
 
 import gradwise
 from gradwise import Optimizer, Transform, chain, scale_by_learning_rate
+from gradwise.core import ahead, executor
 from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.executor import private_copy
 
@@ -111,6 +112,42 @@ def test_a_global_the_chain_reads_is_guarded(monkeypatch):
     optimizer.step()
     assert all(torch.equal(p, torch.ones(6)) for p in params)
     assert optimizer.compile_stats["compiles"] == 2
+
+
+def test_guards_rooted_at_the_library_are_left_out_and_the_rest_kept(monkeypatch):
+    """The guard filter's answers on the entries of a real compile (Adam's chain with a transform of this module,
+    which reads this module's ``FLIP``): every guard rooted at a global of gradwise, torch, the builtins or
+    dataclasses is left out, every other one (the call's arguments, grad mode, this module's global) kept."""
+    decided = []
+    library_global = ahead.library_global
+
+    def recording(entry, fn_globals):
+        left_out = library_global(entry, fn_globals)
+        decided.append((entry.name, entry.is_global, left_out))
+        return left_out
+
+    monkeypatch.setattr(ahead, "library_global", recording)
+    params = [torch.nn.Parameter(torch.ones(6)) for _ in range(3)]
+    transform = chain(flip_by_global(), gradwise.transforms.scale_by_adam(), scale_by_learning_rate())
+    optimizer = Optimizer(params, transform, lr=0.5, compile=True)
+    for p in params:
+        p.grad = torch.ones(6)
+    optimizer.step()
+    roots = {name: name.split("]")[0][3:-1] for name, is_global, _ in decided if is_global}
+
+    def of_the_library(root: str) -> bool:
+        if root.startswith("__import_"):
+            return root.startswith(("__import_gradwise_dot_", "__import_torch", "__import_dataclasses"))
+        if root.startswith("__builtins_dict"):
+            return True
+        value = getattr(executor, root)  # the traced function's module
+        return root == "torch" or value.__module__.startswith("gradwise.")
+
+    assert set(roots.values()) >= {"Context", "torch", "__import_gradwise_dot_transforms_dot_adam",
+                                   "__import_tests_dot_test_ahead"}
+    for name, is_global, left_out in decided:
+        assert left_out == (is_global and of_the_library(roots[name])), name
+    assert any(name.startswith("params[") and not left_out for name, _, left_out in decided)
 
 
 def test_kept_entries_run_on_after_dynamo_is_reset():

@@ -13,10 +13,18 @@ lengths today need not be equal tomorrow).
 
 The entries are read with ``torch._dynamo.eval_frame._debug_get_cache_entry_list``; on a torch without it, every
 call goes through dynamo.
+
+Two costs of each call are not compiled in. Dynamo guards every global the traced code reached: gradwise's own
+modules, functions and classes, torch's, the builtins, ``dataclasses`` (about half the guards of an AdamW graph).
+Those do not change while a process runs, so a guard rooted at one of them is left out (``library_global``; a
+module-level setting of gradwise is read when a graph is compiled); a global of any other module (a transform of a
+user's own) keeps its guard. And dynamo's pre-graph code marks its span for the profiler with two calls around it
+at every call, left out (``record_runtime_overhead``): a profile shows that span as part of the graph call.
 """
 from __future__ import annotations
 
 import inspect
+import re
 import types
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -25,6 +33,25 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 _cache_entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+
+#: top-level packages whose globals keep no guards (module docstring)
+LIBRARY_PACKAGES = frozenset({"gradwise", "torch", "builtins", "dataclasses"})
+_GLOBAL_ROOT = re.compile(r"G\['([^']+)'\]")
+
+
+def library_global(entry, fn_globals: dict[str, Any]) -> bool:
+    """Whether a guard (a ``torch.compile`` guard filter's entry) is rooted at a global of ``LIBRARY_PACKAGES``: a
+    module (dynamo names the modules it imports ``__import_...``), or a class or function defined in one, as found
+    in the traced function's globals; dynamo's copies of the builtins' dict count as ``builtins``."""
+    match = _GLOBAL_ROOT.match(entry.name) if entry.is_global else None
+    if match is None:
+        return False
+    name = match.group(1)
+    if name.startswith("__builtins_dict"):
+        return True
+    root = fn_globals.get(name)
+    module = root.__name__ if isinstance(root, types.ModuleType) else getattr(root, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in LIBRARY_PACKAGES
 
 
 class GuardedGraphs:
@@ -38,7 +65,9 @@ class GuardedGraphs:
 
     def __init__(self, fn: Callable, backend: Callable, dynamic: bool):
         self._fn = fn
-        self._compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
+        kept = lambda entries: [not library_global(entry, fn.__globals__) for entry in entries]  # noqa: E731
+        self._compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True,
+                                       options={"guard_filter_fn": kept})
         self._defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()
                           if p.default is not inspect.Parameter.empty}
         self._graphs: dict[Hashable, list[tuple[Any, Callable]]] = {}
@@ -51,7 +80,8 @@ class GuardedGraphs:
                 return run(**frame)
         saved, fx_config.use_duck_shape = fx_config.use_duck_shape, False
         try:
-            result = self._compiled(**args)
+            with torch._dynamo.config.patch(record_runtime_overhead=False):
+                result = self._compiled(**args)
         finally:
             fx_config.use_duck_shape = saved
         if self.ahead and _cache_entries is not None:
