@@ -192,14 +192,16 @@ class CompiledStep:
         return compile_fx(gm, example_inputs, config_patches={"size_asserts": False})
 
     def _flat(self, t: Tensor) -> Tensor:
-        """``flat_alias(t)``, cached for the tensors that live across steps (params and state)."""
+        """``flat_alias(t)``, cached for the tensors that live across steps (params and state) while they live (a
+        tensor that is its own alias is not kept: the cache would keep it alive)."""
         key = id(t)
         entry = self._aliases.get(key)
         if (entry is not None and entry[0]() is t and entry[1].data_ptr() == t.data_ptr()
                 and entry[1].numel() == t.numel()):
             return entry[1]
         flat = flat_alias(t)
-        self._aliases[key] = (weakref.ref(t, lambda _, key=key: self._aliases.pop(key, None)), flat)
+        if flat is not t:
+            self._aliases[key] = (weakref.ref(t, lambda _, key=key: self._aliases.pop(key, None)), flat)
         return flat
 
     def accepts(self, p: Tensor, g: Tensor, state: Mapping[str, Tensor]) -> bool:
@@ -361,11 +363,15 @@ def _dense(t: Tensor) -> bool:
 
 
 def flat_alias(t: Tensor) -> Tensor:
-    """A 1-D tensor over the same memory as the dense tensor ``t``, in memory order.
+    """A 1-D tensor over the same memory as the dense tensor ``t``, in memory order: ``t`` itself where it is one
+    already (a plain tensor, not a Parameter, whose sizes dynamo would keep static; 1-D, dense, not a view, needing
+    no grad: most of a model's gradients are biases and norms' weights), else a new one.
 
     Not a view (``t.view(-1)``): a view carries its ``_base``, and dynamo guards on the base's shape,
     which would recompile for every parameter shape instead of once per rank.
     """
+    if type(t) is Tensor and t.dim() == 1 and t._base is None and t.stride(0) == 1 and not t.requires_grad:
+        return t
     return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
 
 
