@@ -150,6 +150,36 @@ def test_guards_rooted_at_the_library_are_left_out_and_the_rest_kept(monkeypatch
     assert any(name.startswith("params[") and not left_out for name, _, left_out in decided)
 
 
+class Recording(Counting):
+    """Counting, keeping each graph's example inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.inputs = []
+
+    def __call__(self, gm, example_inputs):
+        self.inputs.append(list(example_inputs))
+        return super().__call__(gm, example_inputs)
+
+
+def test_a_python_float_argument_is_compiled_in_as_a_constant():
+    """A float the graph is called with (a chain's static hyperparameter, such as Ranger21's ``beta_softplus``) is a
+    constant of the graph, not an input its loop loads and converts at every vector; another value compiles another
+    graph, and each value runs its own."""
+    backend = Recording()
+    graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True)
+    x, y = torch.randn(8), torch.randn(8)
+    for scale in (3.0, 0.5, 3.0):
+        want = x + y * scale
+        graphs("key", {"x": x, "y": y, "scale": scale})
+        assert torch.equal(x, want)
+    assert backend.graphs == 2
+    for inputs in backend.inputs:
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        assert len(tensors) == 2 and all(t.dim() == 1 for t in tensors)  # x and y, no 0-d float
+        assert not any(isinstance(t, torch.SymFloat) for t in inputs)
+
+
 def test_kept_entries_run_on_after_dynamo_is_reset():
     params = [torch.nn.Parameter(torch.ones(6)) for _ in range(3)]
     optimizer = Optimizer(params, chain(flip_by_global(), scale_by_learning_rate()), lr=0.5, compile=True)

@@ -20,6 +20,12 @@ Those do not change while a process runs, so a guard rooted at one of them is le
 module-level setting of gradwise is read when a graph is compiled); a global of any other module (a transform of a
 user's own) keeps its guard. And dynamo's pre-graph code marks its span for the profiler with two calls around it
 at every call, left out (``record_runtime_overhead``): a profile shows that span as part of the graph call.
+
+A Python float the graph is called with (a chain's static hyperparameters: Ranger21's ``beta_softplus``) is compiled
+in as a constant (``specialize_float``), where dynamo's default makes it a 0-d float64 input that the generated loop
+loads and converts at every vector. Such a float is static by contract (the executor compiles a graph per set of
+static values), so its guard recompiles nothing that would not be compiled anyway; the values that change between
+steps reach the graph packed in a tensor.
 """
 from __future__ import annotations
 
@@ -80,7 +86,7 @@ class GuardedGraphs:
                 return run(**frame)
         saved, fx_config.use_duck_shape = fx_config.use_duck_shape, False
         try:
-            with torch._dynamo.config.patch(record_runtime_overhead=False):
+            with torch._dynamo.config.patch(record_runtime_overhead=False, specialize_float=True):
                 result = self._compiled(**args)
         finally:
             fx_config.use_duck_shape = saved

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.core.hyper import Hyper, boolean, choice, positive, unit_interval
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.learning_rate import scale_by_learning_rate
+from gradwise.transforms.softplus import softplus
 
 
 class scale_by_madgrad(Transform):  # noqa: N801
@@ -69,7 +69,7 @@ class scale_by_madgrad(Transform):  # noqa: N801
         if self.denominator == "eps":
             return s / (root + ctx["eps"])
         if ctx["softplus"]:
-            return s / F.softplus(root, beta=ctx["beta_softplus"])
+            return s / softplus(root, ctx["beta_softplus"])
         return s / root.clamp_min(torch.finfo(root.dtype).tiny)  # s = 0 wherever nu = 0
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:

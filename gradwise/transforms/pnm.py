@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gradwise.core import lists
@@ -47,6 +46,7 @@ from gradwise.transforms.regularizers import (
     second_moment_parts,
     sum_of_squares,
 )
+from gradwise.transforms.softplus import softplus
 
 
 class scale_by_pnm_adam(Transform):  # noqa: N801
@@ -182,13 +182,3 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
                 f" belief={self.belief}, second_moment_statistics={self.second_moment_statistics},"
                 f" centered={self.centered})")
 
-
-def softplus(x: Tensor, beta: float) -> Tensor:
-    """``F.softplus(x, beta)`` (log(1 + exp(beta x)) / beta, x itself where beta x > 20) for x >= 0 (PNM's
-    denominator: at least eps); traced, with the division by ``beta`` a multiplication by 1 / beta and
-    log(1 + y) for log1p(y): y = exp(beta x) >= 1 makes 1 + y exact to a rounding, and log costs a compiled
-    CPU step less than log1p (the step's vector units are its bottleneck, not memory)."""
-    if not torch.compiler.is_compiling():
-        return F.softplus(x, beta=beta)
-    scaled = x * beta
-    return torch.where(scaled > 20.0, x, torch.log(torch.exp(scaled) + 1.0) * (1 / beta))
