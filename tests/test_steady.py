@@ -239,3 +239,45 @@ def test_load_state_dict_and_add_param_group_run_the_general_step():
     _assert_same(models, opts)
     assert torch.equal(extra[0], extra[1]) and not torch.equal(extra[0], torch.ones(3))
     assert len(general) == 2  # the first step after each
+
+
+def _add_a_state_key(step, model, opt):
+    if step == 5:
+        opt.state[model[2].weight]["kept_by_the_user"] = torch.zeros(())
+
+
+def test_a_state_key_added_between_steps_runs_the_general_step():
+    """The steady step keeps each parameter's state for its links' ``advance`` (Schedule-Free's 0-d state): a
+    state dict that gained a key is not the one it kept, so the general step runs, to the same result."""
+    (case,) = [c for c in CASES if c.name == "schedule-free-adamw"]
+    models, opts = _pair(case)
+    general = _counting_general_steps(opts[0])
+    _train(models, opts, 8, between=_add_a_state_key)
+    for model, opt in zip(models, opts):
+        opt.state[model[2].weight].pop("kept_by_the_user", None)
+    _assert_same(models, opts)
+    assert len(general) == 2  # the first step and the one after the new key
+
+
+def test_a_steady_step_that_fails_after_advancing_puts_the_0d_state_back(monkeypatch):
+    """Schedule-Free advances its 0-d state (lr_max, weight sum, c) before the update runs; a steady step that fails
+    in the update leaves every parameter, counter and 0-d value as it was."""
+    import gradwise.core.steady as steady
+
+    (case,) = [c for c in CASES if c.name == "schedule-free-adamw"]
+    model = _mlp()
+    opt = case.ours(_groups(model), compile=False)
+    general = _counting_general_steps(opt)
+    _train([model], [opt], 4)
+    _backward(model, 4)
+    before = _snapshot(model, opt)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the update failed")
+    monkeypatch.setattr(steady, "run_eager", failing)
+    monkeypatch.setattr(steady, "run_chain", failing)
+    with pytest.raises(RuntimeError, match="the update failed"):
+        opt.step()
+    assert len(general) == 1  # the failing step was a steady one
+    _assert_unchanged(model, opt, before)
+    assert any(v.dim() == 0 and k != "step" for k, v in opt.state[model[0].weight].items())

@@ -43,17 +43,22 @@ class Bucket:
         return self.params[i] if self.keys is None else self.keys[i]
 
 
-def snapshot(states: list[dict[str, Tensor]], sharded: bool) -> list[tuple[list[Tensor], Tensor]]:
-    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as
-    (the tensors, a stacked copy of them) per key: one stack per key, not a clone per tensor, which a step
-    of many parameters would pay once per parameter and key; ``roll_back`` copies them back. (A key's
-    tensors are made alike, by one link's ``init``, on the parameters' device; ``sharded``: their local parts.)"""
+def scalar_state(states: list[dict[str, Tensor]], sharded: bool) -> list[list[Tensor]]:
+    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as one
+    list of tensors per key. (A key's tensors are made alike, by one link's ``init``, on the parameters' device;
+    ``sharded``: their local parts.)"""
     kept: dict[str, list[Tensor]] = defaultdict(list)
     for st in states:
         for k, v in st.items():
             if k != "step" and v.dim() == 0:
                 kept[k].append(local(v) if sharded else v)
-    return [(tensors, torch.stack(tensors)) for tensors in kept.values()]
+    return list(kept.values())
+
+
+def snapshot(lists_: list[list[Tensor]]) -> list[tuple[list[Tensor], Tensor]]:
+    """(the tensors, a stacked copy of them) for each list of ``scalar_state``: one stack per key, not a clone per
+    tensor, which a step of many parameters would pay once per parameter and key; ``roll_back`` copies them back."""
+    return [(tensors, torch.stack(tensors)) for tensors in lists_]
 
 
 def roll_back(optimizer, buckets: list[Bucket]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.buckets import Bucket, roll_back, snapshot
+from gradwise.core.buckets import Bucket, roll_back, scalar_state, snapshot
 from gradwise.core.eager import EAGER_CHUNK, in_one_call, run_eager
 from gradwise.core.executor import CompiledStep, run_chain
 from gradwise.core.hyper_check import check_hyperparameters
@@ -87,7 +87,13 @@ class SteadyBucket:
     grad_strides: list[tuple] | None
     #: eager, small parameters: the ``(start, stop, state lists)`` of each batch ``run_eager`` would make
     batches: list[tuple[int, int, dict[str, list[Tensor]]]] | None
-    advances: bool
+    #: a link advances 0-d state: each parameter's state but its counter, as ``advance_many`` takes it (kept, so that
+    #: each link's namespace is taken off once: ``Namespaced``), and the 0-d tensors a roll back restores
+    #: (``scalar_state``); None and [] when none does
+    advancing: list[Namespaced] | None
+    scalars: list[list[Tensor]]
+    #: how many keys each parameter's state had
+    sizes: list[int]
 
 
 @dataclass
@@ -153,13 +159,13 @@ class SteadyStep(PhasedStep):
         steps = b.buffers["step"]
         b.hyper, b.static = hyper, static  # (the values of a group whose hyperparameters changed, for next time)
         scalars = b.chain.scalars(b.group, b.count + 1)
-        saved = snapshot(b.states, False) if b.advances else []
+        saved = snapshot(b.scalars) if b.advancing is not None else []
         done.append(Bucket(b.group, (b.phase,), b.params, b.states, None, (), static, grads, [], saved))
         lists.count_up_(steps)
         b.count += 1
         b.versions = list(map(_VERSION, steps))
-        if b.advances:
-            b.chain.advance_many([{k: v for k, v in st.items() if k != "step"} for st in b.states], b.group, scalars)
+        if b.advancing is not None:
+            b.chain.advance_many(b.advancing, b.group, scalars)
         values, layout = self._constants.pack(b.slot, hyper, scalars, b.dtype, b.params[0].device)
         if b.runner is not None:  # as ``_run_phase``: the graphs take the chosen parameters, the rest run eagerly
             chosen = b.chosen
@@ -199,6 +205,9 @@ class SteadyStep(PhasedStep):
             if any(k not in st for st in b.states for k in buffers):
                 return
             runner, chain = self._runner(phase), self.chain_of(b.group)
+            advances = self._uses(chain, "advance")
+            advancing = [Namespaced({k: v for k, v in st.items() if k != "step"}) for st in b.states] \
+                if advances else None
             chosen = [] if runner is None else _accepted(runner, b.params, b.inputs, own)
             calls = None if runner is None else runner.prepare(*_pick(chosen, b.params, b.inputs, own))
             tensors = None if runner is None else [t for p, st in zip(b.params, own) for t in (p, *st.values())]
@@ -209,13 +218,15 @@ class SteadyStep(PhasedStep):
                                      tensors, None if runner is None else _memory(tensors),
                                      None if runner is None else list(map(_STRIDE, b.inputs)),
                                      None if runner is not None else _batches(phase, b.params, keys, buffers, b.static),
-                                     self._uses(chain, "advance")))
+                                     advancing, scalar_state(b.states, False) if advances else [],
+                                     list(map(len, b.states))))
         self._steady = Steady(self.state, self.transform, [(g, list(ps)) for g, ps in work], kept)
 
 
 def _same_state(state, b: SteadyBucket) -> bool:
-    """Whether every parameter of ``b`` has the same state dict, holding the same tensor under every key."""
-    if not all(map(operator.is_, map(state.get, b.params), b.states)):
+    """Whether every parameter of ``b`` has the same state dict, holding the same tensor under every key, and as
+    many keys (``advancing`` holds them)."""
+    if not all(map(operator.is_, map(state.get, b.params), b.states)) or list(map(len, b.states)) != b.sizes:
         return False
     return all(all(map(operator.is_, [st.get(k) for st in b.states], tensors)) for k, tensors in b.buffers.items())
 
