@@ -51,6 +51,22 @@ def add(xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
     return [x + y for x, y in zip(xs, ys)]
 
 
+def sub(xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
+    """``[x - y]`` for each pair (in the promoted dtype, as ``-``)."""
+    if _foreach(xs):
+        return torch._foreach_sub(xs, ys)
+    return [x - y for x, y in zip(xs, ys)]
+
+
+def sub_(xs: list[Tensor], ys: list[Tensor]) -> None:
+    """``x.sub_(y)`` for each pair."""
+    if _foreach(xs):
+        torch._foreach_sub_(xs, ys)
+        return
+    for x, y in zip(xs, ys):
+        x.sub_(y)
+
+
 def add_(xs: list[Tensor], y: Operand) -> None:
     """``x.add_(y)`` for each x."""
     if _foreach(xs):
@@ -112,6 +128,15 @@ def sqrt(xs: list[Tensor]) -> list[Tensor]:
     if _foreach(xs):
         return torch._foreach_sqrt(xs)
     return [x.sqrt() for x in xs]
+
+
+def sign_(xs: list[Tensor]) -> None:
+    """``x.sign_()`` for each x."""
+    if _foreach(xs):
+        torch._foreach_sign_(xs)
+        return
+    for x in xs:
+        x.sign_()
 
 
 def lerp_(xs: list[Tensor], ys: list[Tensor], weight: Tensor) -> None:

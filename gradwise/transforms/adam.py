@@ -204,16 +204,19 @@ class scale_by_nadam(Transform):  # noqa: N801
         state["mu_product"].mul_(scalars["mu"])
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b2 = ctx["betas"][1]
-        eps, mu, mu_next, bias2 = ctx["eps"], ctx["mu"], ctx["mu_next"], ctx["bias_correction2"]
-        out = []
-        for u, m, v, mu_product in zip(updates, state["exp_avg"], state["exp_avg_sq"], state["mu_product"]):
-            m.lerp_(u, ctx["one_minus_beta1"])
-            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
-            denom = (v / bias2).sqrt() + eps
-            grad_coef = (1 - mu) / (1 - mu_product)
-            momentum_coef = mu_next / (1 - mu_product * mu_next)
-            out.append((u * grad_coef + m * momentum_coef) / denom)
+        """torch.optim.NAdam's ops per tensor, as list ops (``core/lists.py``); each parameter's two coefficients
+        computed stacked, one op each, with the bits of its own 0-d ops."""
+        mu, mu_next = ctx["mu"], ctx["mu_next"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        lists.lerp_(m, updates, ctx["one_minus_beta1"])
+        lists.mul_(v, ctx["betas"][1])
+        lists.add_(v, lists.mul(lists.mul(updates, updates), ctx["one_minus_beta2"]))
+        denominators = lists.sqrt(lists.div(v, ctx["bias_correction2"]))
+        lists.add_(denominators, ctx["eps"])
+        mu_product = torch.stack(state["mu_product"])
+        out = lists.mul(updates, list(((1 - mu) / (1 - mu_product)).unbind()))
+        lists.add_(out, lists.mul(m, list((mu_next / (1 - mu_product * mu_next)).unbind())))
+        lists.div_(out, denominators)
         return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, non_negative, non_negative_int, open_unit_interval, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 
@@ -37,13 +38,12 @@ class scale_by_rms(Transform):  # noqa: N801
         return {"inv_bias_correction2": 1 / (1 - b2**step), "one_minus_beta2": 1 - b2}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b2 = ctx["betas"][1]
-        eps, inv_bias2 = ctx["eps"], ctx["inv_bias_correction2"]
-        out = []
-        for u, v in zip(updates, state["exp_avg_sq"]):
-            v.mul_(b2).add_(u * u * ctx["one_minus_beta2"])
-            out.append(u / ((v * inv_bias2).sqrt() + eps))
-        return out
+        v = state["exp_avg_sq"]
+        lists.mul_(v, ctx["betas"][1])
+        lists.add_(v, lists.mul(lists.mul(updates, updates), ctx["one_minus_beta2"]))
+        denominators = lists.sqrt(lists.mul(v, ctx["inv_bias_correction2"]))
+        lists.add_(denominators, ctx["eps"])
+        return lists.div(updates, denominators)
 
 
 class scale_by_schedule_free(Transform):  # noqa: N801
@@ -112,13 +112,15 @@ class scale_by_schedule_free(Transform):  # noqa: N801
             torch._foreach_copy_(tensors, list(new.unbind()))
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        """Per tensor, (z - y) c + d lr (beta (1 - c) - 1) and z <- z - d lr, as list ops (``core/lists.py``): each
+        parameter's c and coefficient computed stacked, in one op each, with the bits of its own 0-d ops."""
         beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
         lr = ctx["scheduled_lr"]
-        out = []
-        for d, y, z, ckp1 in zip(updates, ctx.params, state["z"], state["ckp1"]):
-            c = ckp1.to(d.dtype)
-            out.append((z - y) * c + d * (lr * (beta * (1 - c) - 1)))
-            z.sub_(d * lr)
+        c = torch.stack(state["ckp1"]).to(updates[0].dtype)
+        out = lists.sub(state["z"], ctx.params)
+        lists.mul_(out, list(c.unbind()))
+        lists.add_(out, lists.mul(updates, list((lr * (beta * (1 - c) - 1)).unbind())))
+        lists.sub_(state["z"], lists.mul(updates, lr))
         return out
 
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:

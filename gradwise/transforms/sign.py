@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair
 from gradwise.core.transform import Context, Transform
 
@@ -19,9 +20,12 @@ class scale_by_lion(Transform):  # noqa: N801
         return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2}  # in double, as lion-pytorch does
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        """Per tensor, sign(m b1 + u (1 - b1)) then m <- m b2 + u (1 - b2), as list ops (``core/lists.py``)."""
         b1, b2 = ctx["betas"]
-        out = []
-        for u, m in zip(updates, state["exp_avg"]):
-            out.append((m * b1 + u * ctx["one_minus_beta1"]).sign())
-            m.mul_(b2).add_(u * ctx["one_minus_beta2"])
+        m = state["exp_avg"]
+        out = lists.mul(m, b1)
+        lists.add_(out, lists.mul(updates, ctx["one_minus_beta1"]))
+        lists.sign_(out)
+        lists.mul_(m, b2)
+        lists.add_(m, lists.mul(updates, ctx["one_minus_beta2"]))
         return out
