@@ -169,11 +169,13 @@ def measure(args, log=lambda message: None) -> dict:
             cls_name, hyper, moved = RECIPES[recipe]
             opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": PATHS[path]}, named=True)
             warmup_ms = [_ms(opt.step, device) for _ in range(WARMUP)]
-            times, window, recompiled = bench.rounds(opt, args.steps)
+            with _phase_timers(args.phases) as phases:
+                times, window, recompiled = bench.rounds(opt, args.steps)
             stats = opt.compile_stats
             measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
                 warmup_ms=warmup_ms, compile_s=stats["seconds"], compiles=stats["compiles"],
-                timed_compiles=recompiled, hyperparameters=hyper)))
+                timed_compiles=recompiled, hyperparameters=hyper,
+                phases_ms={name: total / args.steps for name, total in phases.items()})))
             del opt
             gc.collect()
     if not jobs:
@@ -192,6 +194,32 @@ def measure(args, log=lambda message: None) -> dict:
                          warmup_ms=[], compile_s=0.0, compiles=0, timed_compiles=0,
                          hyperparameters={**RECIPES["AdamW"][1], **REFERENCES[name]}))
     return {"header": header, "rows": rows}
+
+
+@contextlib.contextmanager
+def _phase_timers(on: bool):
+    """With ``on``, milliseconds spent in each phase of the steps taken inside (``PhasedStep._run_phase``, keyed by
+    the phase's repr; a step that runs as one phase, the steady one, calls no phase), in the dict it yields."""
+    from gradwise.core.stepping import PhasedStep
+
+    totals: dict[str, float] = {}
+    if not on:
+        yield totals
+        return
+    run_phase = PhasedStep._run_phase
+
+    def timed(self, bucket, phase):
+        start = time.perf_counter()
+        try:
+            return run_phase(self, bucket, phase)
+        finally:
+            key = repr(phase)
+            totals[key] = totals.get(key, 0.0) + (time.perf_counter() - start) * 1e3
+    PhasedStep._run_phase = timed
+    try:
+        yield totals
+    finally:
+        PhasedStep._run_phase = run_phase
 
 
 @contextlib.contextmanager
@@ -262,6 +290,9 @@ def render(result: dict, out) -> None:
                       compile_s, f"{r['vs_fused']:.2f}", f"{r['vs_foreach']:.2f}",
                       f"{r['state_bytes_per_param']:.4f}", f"{r['bound_ms']:.2f}", f"{r['vs_bound']:.2f}")
     out.print(table)
+    for r in result["rows"]:
+        for name, ms in r.get("phases_ms", {}).items():
+            out.print(f"{r['recipe']} {r['path']}: {ms:.1f} ms a step in {name}")
     out.print("compile s: seconds (graphs) from compile_stats, spent in the warm-up steps and excluded from the "
               "median (the first compiled row's also pays inductor's one-time start-up). x fused / x foreach: "
               "row median over torch's median in the same interleaved rounds. "

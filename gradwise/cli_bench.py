@@ -93,6 +93,9 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--copy-mb", type=positive_int_argument, default=512, metavar="MB",
                         help="MiB of each buffer of the copy that measures bandwidth (larger than the caches)")
     parser.add_argument("--json", metavar="PATH", help="also write the header and rows as JSON to PATH")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each phase of a step run in several (Ranger21's shaping, shrink and "
+                             "elementwise phase): milliseconds per timed step, printed under the table")
     parser.add_argument("--warm-cache", action="store_true",
                         help="compile with the usual on-disk inductor cache (without it: a fresh, empty one, so "
                              "'compile s' is a cold compile)")

@@ -57,6 +57,24 @@ def test_bench_step_tiny_json(tmp_path):
     assert foreach["vs_fused"] == pytest.approx(foreach["median_ms"] / fused["median_ms"])
 
 
+@pytest.mark.slow
+def test_bench_step_phases_times_each_phase_of_a_phased_step(tmp_path):
+    """``--phases``: Ranger21's step runs in three phases (shaping, shrink, the elementwise rest), each timed; a
+    steady AdamW step runs as one, and reports none."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/step.py", "--size", "tiny", "--steps", "3", "--recipes", "Ranger21,AdamW",
+         "--paths", "eager", "--phases", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ranger21, adamw = json.loads(out.read_text())["rows"][:2]
+    phases = ranger21["phases_ms"]
+    assert [name.split("(")[1] for name in phases] == ["shape_gradient", "shrink_like_ranger21", "scale_by_pnm_adam"]
+    assert all(ms > 0 for ms in phases.values()) and sum(phases.values()) <= ranger21["max_ms"]
+    assert adamw["phases_ms"] == {}
+    assert "ms a step in phase(shape_gradient" in proc.stdout
+
+
 def test_list(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out

@@ -55,10 +55,10 @@ def scalar_state(states: list[dict[str, Tensor]], sharded: bool) -> list[list[Te
     return list(kept.values())
 
 
-def snapshot(lists_: list[list[Tensor]]) -> list[tuple[list[Tensor], Tensor]]:
+def snapshot(scalars: list[list[Tensor]]) -> list[tuple[list[Tensor], Tensor]]:
     """(the tensors, a stacked copy of them) for each list of ``scalar_state``: one stack per key, not a clone per
     tensor, which a step of many parameters would pay once per parameter and key; ``roll_back`` copies them back."""
-    return [(tensors, torch.stack(tensors)) for tensors in lists_]
+    return [(tensors, torch.stack(tensors)) for tensors in scalars]
 
 
 def roll_back(optimizer, buckets: list[Bucket]) -> None:
