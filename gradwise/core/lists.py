@@ -76,9 +76,9 @@ def add_(xs: list[Tensor], y: Operand) -> None:
         x.add_(b)
 
 
-def addcmul_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
-    """``x.addcmul_(y, z, value=value)`` for each x (``value`` a 0-d tensor): ``x + value y z``, torch.optim
-    Adam's second-moment update."""
+def addcmul_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor | None = None) -> None:
+    """``x.addcmul_(y, z, value=value)`` for each x (``value`` a 0-d tensor, or None: torch's default, 1):
+    ``x + value y z``, torch.optim Adam's second-moment update."""
     _pointwise_(torch._foreach_addcmul_, torch.Tensor.addcmul_, xs, ys, zs, value)
 
 
@@ -88,10 +88,17 @@ def addcdiv_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor
     _pointwise_(torch._foreach_addcdiv_, torch.Tensor.addcdiv_, xs, ys, zs, value)
 
 
-def _pointwise_(foreach, op, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
+def _pointwise_(foreach, op, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor | None) -> None:
     """``op(x, y, z, value=value)`` for each x. Eagerly with ``value`` on the CPU, torch's op with ``value``
     as a number (reading it syncs nothing); else ``op(x, y * value, z)``, the same bits (torch computes
-    ``value * y`` first; torch.optim's own path for a tensor beta2)."""
+    ``value * y`` first; torch.optim's own path for a tensor beta2). ``value`` None: the op's default."""
+    if value is None:
+        if _foreach(xs):
+            foreach(xs, ys, zs)
+            return
+        for x, y, z in zip(xs, ys, zs):
+            op(x, y, z)
+        return
     if value.device.type == "cpu" and not torch.compiler.is_compiling():
         number = value.item()
         if len(xs) > 1:

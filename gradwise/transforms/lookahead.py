@@ -46,13 +46,12 @@ class lookahead(Transform):  # noqa: N801
         return {"sync": float(step % hyper["lookahead_k"] == 0)}
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        """As list ops (``core/lists.py``), but the select per tensor."""
         sync = ctx["sync"]
         weight = ctx["lookahead_alpha"] * sync  # 0 off the merge steps: slow stays as it is, exactly
-        out = []
-        for u, p, slow in zip(updates, ctx.params, state["slow"]):
-            lists.lerp_small_([slow], [p + u], weight)
-            out.append(torch.where(sync > 0, slow - p, u))
-        return out
+        lists.lerp_small_(state["slow"], lists.add(ctx.params, updates), weight)
+        back = lists.sub(state["slow"], ctx.params)
+        return [torch.where(sync > 0, b, u) for b, u in zip(back, updates)]
 
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:
         """``evaluate_slow=True``: swap the parameter and its slow weights (module docstring)."""

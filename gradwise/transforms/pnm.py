@@ -163,18 +163,26 @@ class scale_by_pnm_adam(Transform):  # noqa: N801
         return second_moment_parts(state[RUNNING_SUM], updates, ctx)
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        b2, eps = ctx["betas"][1], ctx["eps"]
-        out = []
-        buffers = zip(state["grad_ma"], state["neg_grad_ma"], state["variance_ma"], state["max_variance_ma"])
-        for (g, x), (pos, neg, v, v_max) in zip(self.variance_inputs(updates, state, ctx), buffers):
-            v.mul_(b2).addcmul_(x, x * ctx["one_minus_beta2"])
-            v_max.copy_(torch.maximum(v_max, v))
-            denom = v_max.sqrt() * ctx["inv_bias2_sqrt"] + eps
-            if ctx["softplus"]:
-                denom = softplus(denom, ctx["beta_softplus"])
-            lists.lerp_small_([pos], [g], ctx["pos_rate"])
-            lists.lerp_small_([neg], [g], ctx["neg_rate"])
-            out.append((pos * ctx["pos_coef"] + neg * ctx["neg_coef"]) / denom)
+        """The module docstring's step per tensor, as list ops (``core/lists.py``: one foreach call per list
+        eagerly); softplus per tensor."""
+        if self.scaled and not self.belief:  # Ranger21's: g = u * momentum_scale, x = u
+            gs, xs = lists.mul(updates, state["momentum_scale"]), updates
+        else:
+            gs, xs = map(list, zip(*self.variance_inputs(updates, state, ctx)))
+        pos, neg, v, v_max = (state[k] for k in ("grad_ma", "neg_grad_ma", "variance_ma", "max_variance_ma"))
+        lists.mul_(v, ctx["betas"][1])
+        lists.addcmul_(v, xs, lists.mul(xs, ctx["one_minus_beta2"]))
+        lists.maximum_(v_max, v)
+        denominators = lists.sqrt(v_max)
+        lists.mul_(denominators, ctx["inv_bias2_sqrt"])
+        lists.add_(denominators, ctx["eps"])
+        if ctx["softplus"]:
+            denominators = [softplus(d, ctx["beta_softplus"]) for d in denominators]
+        lists.lerp_small_(pos, gs, ctx["pos_rate"])
+        lists.lerp_small_(neg, gs, ctx["neg_rate"])
+        out = lists.mul(pos, ctx["pos_coef"])
+        lists.add_(out, lists.mul(neg, ctx["neg_coef"]))
+        lists.div_(out, denominators)
         return out
 
     def __repr__(self) -> str:

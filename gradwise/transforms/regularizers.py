@@ -158,19 +158,18 @@ class shrink_like_ranger21(Transform):  # noqa: N801
         lr_t = float(hyper["lr"]) * self.schedule(step - 1)
         return {"lr_t": lr_t, "decay_t": lr_t * step**0.5 if self.core == "madgrad" else lr_t}
 
-    def factor(self, p: Tensor, ctx: Context) -> Tensor:
-        """(1 - a)(1 - b): what p is multiplied by (per unit with norm loss)."""
+    def point_factors(self, params: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        """(1 - a)(1 - b) for each parameter: what it is multiplied by (per unit with norm loss); 1 - a, and
+        b's rate, are the step's, computed once."""
         if self.core == "madgrad":
             n = mean_second_moment(ctx).pow(1 / 3)
         else:
             n = ((ctx["second_moment_sum"] + 1) / ctx["second_moment_count"].clamp_min(1)).sqrt()
         keep = 1 - ctx["decay_t"] * ctx["weight_decay"] / n
         if not self.norm_loss:
-            return keep
-        return keep * (1 - ctx["lr_t"] * 2 * ctx["normloss_factor"] * (1 - 1 / (unit_norm(p) * keep + ctx["eps"])))
-
-    def point_factors(self, params: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        return [self.factor(p, ctx) for p in params]
+            return [keep] * len(params)
+        rate = ctx["lr_t"] * 2 * ctx["normloss_factor"]
+        return [keep * (1 - rate * (1 - 1 / (unit_norm(p) * keep + ctx["eps"]))) for p in params]
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         return updates  # the engine has moved the parameters (``point``) before this link's phase
