@@ -216,3 +216,24 @@ def test_a_skipped_step_puts_back_every_parameters_0d_state():
         return [p.detach().clone() for p in ps]
 
     assert all(torch.equal(a, b) for a, b in zip(run(skip=True), run(skip=False)))
+
+
+@pytest.mark.parametrize("exponent", [2.0, 0.5, -1.0, 1.5, 4.0])
+def test_a_bucket_advances_with_each_parameters_own_bits(exponent):
+    """``advance_many`` (one op per list, the weight power one op for the exponents torch computes alike per vector
+    and per element) against ``advance`` on each parameter's state."""
+    gen = torch.Generator().manual_seed(0)
+    link = scale_by_schedule_free("betas")
+
+    def states():
+        gen.manual_seed(0)
+        return [{"lr_max": torch.rand((), dtype=torch.float64, generator=gen) * 10,
+                 "weight_sum": torch.rand((), dtype=torch.float64, generator=gen),
+                 "ckp1": torch.zeros((), dtype=torch.float64)} for _ in range(50)]
+    hyper, scalars = {"weight_lr_power": exponent}, {"scheduled_lr": 3.0, "step_weight": 1.7}
+    bucket, each = states(), states()
+    link.advance_many(bucket, hyper, scalars)
+    for state in each:
+        link.advance(state, hyper, scalars)
+    for a, b in zip(bucket, each):
+        assert all(torch.equal(a[k], b[k]) for k in b)

@@ -11,6 +11,7 @@ the loop. ``y`` may be a Python number, a 0-d tensor (broadcast to every tensor 
 """
 from __future__ import annotations
 
+import operator
 from typing import Union
 
 import torch
@@ -58,8 +59,21 @@ def sub(xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
     return [x - y for x, y in zip(xs, ys)]
 
 
-def sub_(xs: list[Tensor], ys: list[Tensor]) -> None:
-    """``x.sub_(y)`` for each pair."""
+def sub_(xs: list[Tensor], ys: list[Tensor], alpha: Tensor | None = None) -> None:
+    """``x.sub_(y)`` for each pair; with ``alpha`` (a 0-d tensor), ``x.sub_(y, alpha=alpha)``: eagerly on the CPU
+    that op with ``alpha`` as a number (one foreach call; its kernel multiplies and subtracts in one fused
+    rounding where it vectorizes), traced or elsewhere ``x - y * alpha``, within a rounding of it."""
+    if alpha is not None:
+        number = _cpu_number(alpha)
+        if number is None:
+            ys = mul(ys, alpha)
+        elif _foreach(xs):
+            torch._foreach_sub_(xs, ys, alpha=number)
+            return
+        else:
+            for x, y in zip(xs, ys):
+                x.sub_(y, alpha=number)
+            return
     if _foreach(xs):
         torch._foreach_sub_(xs, ys)
         return
@@ -79,19 +93,26 @@ def add_(xs: list[Tensor], y: Operand) -> None:
 def addcmul_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor | None = None) -> None:
     """``x.addcmul_(y, z, value=value)`` for each x (``value`` a 0-d tensor, or None: torch's default, 1):
     ``x + value y z``, torch.optim Adam's second-moment update."""
-    _pointwise_(torch._foreach_addcmul_, torch.Tensor.addcmul_, xs, ys, zs, value)
+    _pointwise_(torch._foreach_addcmul_, torch.Tensor.addcmul_, operator.mul, xs, ys, zs, value)
 
 
 def addcdiv_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor) -> None:
     """``x.addcdiv_(y, z, value=value)`` for each x (``value`` a 0-d tensor): ``x + value y / z``, torch.optim
     Adam's parameter update."""
-    _pointwise_(torch._foreach_addcdiv_, torch.Tensor.addcdiv_, xs, ys, zs, value)
+    _pointwise_(torch._foreach_addcdiv_, torch.Tensor.addcdiv_, operator.truediv, xs, ys, zs, value)
 
 
-def _pointwise_(foreach, op, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor | None) -> None:
-    """``op(x, y, z, value=value)`` for each x. Eagerly with ``value`` on the CPU, torch's op with ``value``
-    as a number (reading it syncs nothing); else ``op(x, y * value, z)``, the same bits (torch computes
-    ``value * y`` first; torch.optim's own path for a tensor beta2). ``value`` None: the op's default."""
+def _pointwise_(foreach, op, combine, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor],
+                value: Tensor | None) -> None:
+    """``op(x, y, z, value=value)`` for each x, ``x + combine(value y, z)``. Eagerly with ``value`` on the CPU, torch's
+    op with ``value`` as a number (reading it syncs nothing); else ``op(x, y * value, z)``, the same bits (torch
+    computes ``value * y`` first; torch.optim's own path for a tensor beta2). ``value`` None: the op's default.
+    Traced, ``x + combine(y * value, z)``: the value of ``op(x, y * value, z)``, without the multiplication by 1
+    that the op's decomposition keeps, a vector op per element of a compiled loop."""
+    if torch.compiler.is_compiling():
+        for x, y, z in zip(xs, ys, zs):
+            x.add_(combine(y if value is None else y * value, z))
+        return
     if value is None:
         if _foreach(xs):
             foreach(xs, ys, zs)
@@ -99,8 +120,8 @@ def _pointwise_(foreach, op, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor
         for x, y, z in zip(xs, ys, zs):
             op(x, y, z)
         return
-    if value.device.type == "cpu" and not torch.compiler.is_compiling():
-        number = value.item()
+    number = _cpu_number(value)
+    if number is not None:
         if len(xs) > 1:
             foreach(xs, ys, zs, number)
             return
@@ -137,6 +158,15 @@ def sqrt(xs: list[Tensor]) -> list[Tensor]:
     return [x.sqrt() for x in xs]
 
 
+def sqrt_(xs: list[Tensor]) -> None:
+    """``x.sqrt_()`` for each x."""
+    if _foreach(xs):
+        torch._foreach_sqrt_(xs)
+        return
+    for x in xs:
+        x.sqrt_()
+
+
 def sign_(xs: list[Tensor]) -> None:
     """``x.sign_()`` for each x."""
     if _foreach(xs):
@@ -146,25 +176,26 @@ def sign_(xs: list[Tensor]) -> None:
         x.sign_()
 
 
-def lerp_(xs: list[Tensor], ys: list[Tensor], weight: Tensor) -> None:
-    """``x.lerp_(y, weight)`` for each pair (``weight`` a 0-d tensor)."""
+def lerp_(xs: list[Tensor], ys: list[Tensor], weight: Tensor | list[Tensor]) -> None:
+    """``x.lerp_(y, weight)`` for each pair (``weight`` a 0-d tensor, or a list of them: one per pair)."""
+    weights = _each(weight, len(xs))
     if _foreach(xs):
-        torch._foreach_lerp_(xs, ys, [weight] * len(xs))
+        torch._foreach_lerp_(xs, ys, weights)
         return
-    for x, y in zip(xs, ys):
-        x.lerp_(y, weight)
+    for x, y, w in zip(xs, ys, weights):
+        x.lerp_(y, w)
 
 
-def lerp_small_(xs: list[Tensor], ys: list[Tensor], weight: Tensor) -> None:
-    """``x.lerp_(y, weight)`` for each pair, for a ``weight`` (0-d tensor) in [0, 1/2] as far as speed goes: eagerly
-    that op; traced, ``x + weight (y - x)``, torch's own formula for such weights, without the select on the
-    weight its decomposition keeps per element (which costs a compiled CPU step a tenth of its time). Any
-    weight gives the same value up to a rounding."""
+def lerp_small_(xs: list[Tensor], ys: list[Tensor], weight: Tensor | list[Tensor]) -> None:
+    """``x.lerp_(y, weight)`` for each pair, for a ``weight`` (0-d tensor, or a list of them) in [0, 1/2] as far as
+    speed goes: eagerly that op; traced, ``x + weight (y - x)``, torch's own formula for such weights, without the
+    select on the weight its decomposition keeps per element (which costs a compiled CPU step a tenth of its
+    time). Any weight gives the same value up to a rounding."""
     if not torch.compiler.is_compiling():
         lerp_(xs, ys, weight)
         return
-    for x, y in zip(xs, ys):
-        x.add_((y - x) * weight)
+    for x, y, w in zip(xs, ys, _each(weight, len(xs))):
+        x.add_((y - x) * w)
 
 
 def maximum_(xs: list[Tensor], ys: list[Tensor]) -> None:
@@ -174,6 +205,14 @@ def maximum_(xs: list[Tensor], ys: list[Tensor]) -> None:
         return
     for x, y in zip(xs, ys):
         x.copy_(torch.maximum(x, y))
+
+
+def _cpu_number(value: Tensor) -> float | None:
+    """A 0-d CPU tensor's value as a Python number, eagerly (reading it syncs nothing), for a foreach op's scalar
+    argument; None when traced or on another device (the caller then multiplies by the tensor)."""
+    if value.device.type == "cpu" and not torch.compiler.is_compiling():
+        return value.item()
+    return None
 
 
 #: (dtype, device) -> a 0-d one, added to step counters (``count_up_``)

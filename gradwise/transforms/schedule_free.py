@@ -40,8 +40,9 @@ class scale_by_rms(Transform):  # noqa: N801
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         v = state["exp_avg_sq"]
         lists.mul_(v, ctx["betas"][1])
-        lists.add_(v, lists.mul(lists.mul(updates, updates), ctx["one_minus_beta2"]))
-        denominators = lists.sqrt(lists.mul(v, ctx["inv_bias_correction2"]))
+        lists.addcmul_(v, updates, updates, ctx["one_minus_beta2"])
+        denominators = lists.mul(v, ctx["inv_bias_correction2"])
+        lists.sqrt_(denominators)
         lists.add_(denominators, ctx["eps"])
         return lists.div(updates, denominators)
 
@@ -112,16 +113,33 @@ class scale_by_schedule_free(Transform):  # noqa: N801
             torch._foreach_copy_(tensors, list(new.unbind()))
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        """Per tensor, (z - y) c + d lr (beta (1 - c) - 1) and z <- z - d lr, as list ops (``core/lists.py``): each
-        parameter's c and coefficient computed stacked, in one op each, with the bits of its own 0-d ops."""
-        beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
-        lr = ctx["scheduled_lr"]
-        c = torch.stack(state["ckp1"]).to(updates[0].dtype)
+        """Per tensor, (z - y) c + d lr (beta (1 - c) - 1) and z <- z - d lr, as list ops (``core/lists.py``): the
+        change of y, for parameters below the update's precision (``apply`` writes y itself)."""
+        c, coefficients = self._coefficients(state, ctx, updates[0].dtype)
         out = lists.sub(state["z"], ctx.params)
-        lists.mul_(out, list(c.unbind()))
-        lists.add_(out, lists.mul(updates, list((lr * (beta * (1 - c) - 1)).unbind())))
-        lists.sub_(state["z"], lists.mul(updates, lr))
+        lists.mul_(out, c)
+        lists.add_(out, lists.mul(updates, coefficients))
+        lists.sub_(state["z"], updates, ctx["scheduled_lr"])
         return out
+
+    def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
+        """The step written into y eagerly in the ``schedulefree`` package's op order: y.lerp_(z, c), y += coefficient
+        d, z -= lr d, one list op each (three foreach calls, where ``update`` and its addition take five). Traced,
+        ``update``'s summed form, added: the same arithmetic per element, in the loop measured fastest."""
+        if torch.compiler.is_compiling():
+            lists.add_(ctx.params, self.update(updates, state, ctx))
+            return
+        c, coefficients = self._coefficients(state, ctx, updates[0].dtype)
+        lists.lerp_small_(ctx.params, state["z"], c)
+        lists.addcmul_(ctx.params, updates, coefficients)
+        lists.sub_(state["z"], updates, ctx["scheduled_lr"])
+
+    def _coefficients(self, state, ctx: Context, dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
+        """Each parameter's c and lr (beta (1 - c) - 1), 0-d tensors of ``dtype``: computed stacked, one op each,
+        with the bits of each parameter's own 0-d ops."""
+        beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
+        c = torch.stack(state["ckp1"]).to(dtype)
+        return list(c.unbind()), list((ctx["scheduled_lr"] * (beta * (1 - c) - 1)).unbind())
 
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:
         beta = self.checked_beta(group)
@@ -136,10 +154,15 @@ class scale_by_schedule_free(Transform):  # noqa: N801
         return f"scale_by_schedule_free(beta={self.beta!r})"
 
 
+#: exponents torch's pow computes by the same formula for a vector as for one element (x x, sqrt, 1 / x, ...)
+_EXACT_POWERS = frozenset({0.0, 1.0, 2.0, 3.0, 0.5, -0.5, -1.0, -2.0})
+
+
 def _pow_each(x: Tensor, exponent: float) -> Tensor:
     """``x ** exponent`` whose every element has the bits of its own 0-d ``x[i] ** exponent``: the CPU's vector
-    pow (SLEEF's) rounds some elements otherwise, so there each is its own op (a foreach call); CUDA's
-    kernel computes every element alike."""
-    if x.device.type == "cuda":
+    pow (SLEEF's) rounds some elements otherwise, so there each is its own op (a foreach call), except for the
+    exponents torch computes alike either way (``weight_lr_power=2``, the default); CUDA's kernel computes every
+    element alike."""
+    if x.device.type == "cuda" or float(exponent) in _EXACT_POWERS:
         return x**exponent
     return torch.stack(torch._foreach_pow(list(x.unbind()), exponent))
