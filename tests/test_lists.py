@@ -44,3 +44,12 @@ def test_sqrt_in_place(count):
     lists.sqrt_(xs)
     assert all(torch.equal(x, e) for x, e in zip(xs, expected))
 
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_addcdiv_each_takes_one_value_per_tensor_as_a_number(count):
+    xs, ys = _lists(count)
+    zs = [y.abs() + 0.5 for y in ys]
+    values = torch.tensor([-1e-3, 2.5e-4, 7.0][:count], dtype=torch.float64)
+    expected = [x.clone().addcdiv_(y, z, value=v) for x, y, z, v in zip(xs, ys, zs, values.tolist())]
+    lists.addcdiv_each_(xs, ys, zs, values)
+    assert all(torch.equal(x, e) for x, e in zip(xs, expected))

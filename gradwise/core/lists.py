@@ -102,6 +102,21 @@ def addcdiv_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor
     _pointwise_(torch._foreach_addcdiv_, torch.Tensor.addcdiv_, operator.truediv, xs, ys, zs, value)
 
 
+def addcdiv_each_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], values: Tensor) -> None:
+    """``x.addcdiv_(y, z, value=v)`` for each x with its own ``v`` (``values``: a 1-D tensor, one per x), read as
+    numbers (torch.optim NAdam's step sizes, which it reads with ``item()``); traced, ``x + v y / z``."""
+    if torch.compiler.is_compiling():
+        for x, y, z, v in zip(xs, ys, zs, values.to(xs[0].dtype).unbind()):
+            x.add_(y * v / z)
+        return
+    numbers = values.tolist()
+    if _foreach(xs):
+        torch._foreach_addcdiv_(xs, ys, zs, numbers)
+        return
+    for x, y, z, v in zip(xs, ys, zs, numbers):
+        x.addcdiv_(y, z, value=v)
+
+
 def _pointwise_(foreach, op, combine, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor],
                 value: Tensor | None) -> None:
     """``op(x, y, z, value=value)`` for each x, ``x + combine(value y, z)``. Eagerly with ``value`` on the CPU, torch's

@@ -2,7 +2,7 @@
 ``trace*`` keeps momentum, ``route`` dispatches parameters to sub-chains."""
 from gradwise.transforms.active_blocks import project_active_blocks
 from gradwise.transforms.adalomo import scale_by_adalomo
-from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction, scale_by_nadam
+from gradwise.transforms.adam import scale_by_adam, scale_by_adam_moments, scale_by_bias_correction
 from gradwise.transforms.adam_mini import scale_by_adam_mini
 from gradwise.transforms.ademamix import scale_by_ademamix
 from gradwise.transforms.adopt import scale_by_adopt
@@ -27,6 +27,7 @@ from gradwise.transforms.madgrad import scale_by_madgrad
 from gradwise.transforms.mars import mars_correction
 from gradwise.transforms.micro_adam import scale_by_micro_adam
 from gradwise.transforms.momentum import trace, trace_ema
+from gradwise.transforms.nadam import scale_by_nadam
 from gradwise.transforms.newton_schulz import orthogonalize_by_newton_schulz, scale_by_shape
 from gradwise.transforms.nonfinite import skip_nonfinite
 from gradwise.transforms.normuon import scale_by_neuron_second_moment

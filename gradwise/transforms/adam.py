@@ -1,4 +1,4 @@
-"""Adam and NAdam preconditioning: running moments of the update and their bias-corrected ratio."""
+"""Adam preconditioning: running moments of the update and their bias-corrected ratio (NAdam: ``nadam.py``)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.hyper import Hyper, betas_pair, boolean, non_negative, positive
+from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.learning_rate import scale_by_learning_rate
 from gradwise.transforms.weight_decay import add_decayed_weights
@@ -165,59 +165,6 @@ class _fused_adam(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return "fused(" + ", ".join(repr(t) for t in (self.adam, self.decay, self.lr) if t is not None) + ")"
-
-
-class scale_by_nadam(Transform):  # noqa: N801
-    """NAdam (Dozat, 2016, "Incorporating Nesterov Momentum into Adam"), as torch.optim.NAdam.
-
-    mu_t = b1 (1 - 0.5 * 0.96^(t psi)),  P_t = prod_{s<=t} mu_s,  m and v as in Adam;
-    u <- [(1-mu_t)/(1-P_t) u + mu_{t+1}/(1-P_t mu_{t+1}) m] / (sqrt(v / (1-b2^t)) + eps)
-    with psi = ``momentum_decay``.
-    """
-
-    name = "nadam"
-    state = ("exp_avg", "exp_avg_sq", "mu_product")
-    nonnegative = ("exp_avg_sq",)
-    hyper = {
-        "betas": Hyper((0.9, 0.999), betas_pair),
-        "eps": Hyper(1e-8, positive),
-        "momentum_decay": Hyper(4e-3, non_negative),
-    }
-
-    def init(self, param: Tensor, group) -> dict[str, Tensor]:
-        buffers = {k: torch.zeros_like(param, dtype=state_dtype(param)) for k in ("exp_avg", "exp_avg_sq")}
-        buffers["mu_product"] = torch.ones((), dtype=state_dtype(param), device=param.device)
-        return buffers
-
-    def scalars(self, hyper, step: int) -> dict[str, float]:
-        b1, b2 = map(float, hyper["betas"])
-        psi = float(hyper["momentum_decay"])
-        return {
-            "mu": b1 * (1 - 0.5 * 0.96 ** (step * psi)),
-            "mu_next": b1 * (1 - 0.5 * 0.96 ** ((step + 1) * psi)),
-            "bias_correction2": 1 - b2**step,
-            "one_minus_beta1": 1 - b1,  # in double, as torch computes them
-            "one_minus_beta2": 1 - b2,
-        }
-
-    def advance(self, state, hyper, scalars) -> None:
-        state["mu_product"].mul_(scalars["mu"])
-
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        """torch.optim.NAdam's ops per tensor, as list ops (``core/lists.py``); each parameter's two coefficients
-        computed stacked, one op each, with the bits of its own 0-d ops."""
-        mu, mu_next = ctx["mu"], ctx["mu_next"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        lists.lerp_(m, updates, ctx["one_minus_beta1"])
-        lists.mul_(v, ctx["betas"][1])
-        lists.add_(v, lists.mul(lists.mul(updates, updates), ctx["one_minus_beta2"]))
-        denominators = lists.sqrt(lists.div(v, ctx["bias_correction2"]))
-        lists.add_(denominators, ctx["eps"])
-        mu_product = torch.stack(state["mu_product"])
-        out = lists.mul(updates, list(((1 - mu) / (1 - mu_product)).unbind()))
-        lists.add_(out, lists.mul(m, list((mu_next / (1 - mu_product * mu_next)).unbind())))
-        lists.div_(out, denominators)
-        return out
 
 
 class scale_by_adam_moments(Transform):  # noqa: N801
