@@ -81,8 +81,20 @@ def sub_(xs: list[Tensor], ys: list[Tensor], alpha: Tensor | None = None) -> Non
         x.sub_(y)
 
 
-def add_(xs: list[Tensor], y: Operand) -> None:
-    """``x.add_(y)`` for each x."""
+def add_(xs: list[Tensor], y: Operand, alpha: Tensor | None = None) -> None:
+    """``x.add_(y)`` for each x; with ``alpha`` (a 0-d tensor; ``y`` a list), ``x.add_(y, alpha=alpha)``: eagerly on the
+    CPU that op with ``alpha`` as a number (as ``sub_``), traced or elsewhere ``x + y * alpha``."""
+    if alpha is not None:
+        number = _cpu_number(alpha)
+        if number is None:
+            y = mul(y, alpha)
+        elif _foreach(xs):
+            torch._foreach_add_(xs, y, alpha=number)
+            return
+        else:
+            for x, b in zip(xs, y):
+                x.add_(b, alpha=number)
+            return
     if _foreach(xs):
         torch._foreach_add_(xs, y)
         return

@@ -20,12 +20,13 @@ class scale_by_lion(Transform):  # noqa: N801
         return {"one_minus_beta1": 1 - b1, "one_minus_beta2": 1 - b2}  # in double, as lion-pytorch does
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        """Per tensor, sign(m b1 + u (1 - b1)) then m <- m b2 + u (1 - b2), as list ops (``core/lists.py``)."""
+        """Per tensor, sign(m b1 + u (1 - b1)) then m <- m b2 + u (1 - b2), as list ops (``core/lists.py``) in
+        lion-pytorch's op order (its additions with ``alpha``)."""
         b1, b2 = ctx["betas"]
         m = state["exp_avg"]
         out = lists.mul(m, b1)
-        lists.add_(out, lists.mul(updates, ctx["one_minus_beta1"]))
+        lists.add_(out, updates, alpha=ctx["one_minus_beta1"])
         lists.sign_(out)
         lists.mul_(m, b2)
-        lists.add_(m, lists.mul(updates, ctx["one_minus_beta2"]))
+        lists.add_(m, updates, alpha=ctx["one_minus_beta2"])
         return out

@@ -7,6 +7,7 @@ from torch import Tensor
 from gradwise.core import lists
 from gradwise.core.hyper import Hyper, boolean, non_negative, positive
 from gradwise.core.transform import Context, Transform
+from gradwise.transforms.learning_rate import scale_by_learning_rate
 
 
 class add_decayed_weights(Transform):  # noqa: N801
@@ -26,14 +27,48 @@ class add_decayed_weights(Transform):  # noqa: N801
     def __init__(self, after_lr: bool = False):
         self.after_lr = after_lr
 
+    def scalars(self, hyper, step: int) -> dict[str, float]:
+        if self.after_lr or "lr" not in hyper:
+            return {}
+        return {"decay": 1 - float(hyper["lr"]) * float(hyper["weight_decay"])}  # in double, as torch.optim
+
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         if not ctx.active("weight_decay"):
             return updates
         wd = -ctx["lr"] * ctx["weight_decay"] if self.after_lr else ctx["weight_decay"]
         return lists.add(lists.mul(ctx.params, wd), updates)  # p wd + u: the bits of u + p wd
 
+    def fuse(self, other: Transform) -> Transform | None:
+        """Followed by the step size (decoupled weight decay at a chain's end): one link (``_decayed_step``)."""
+        if not self.after_lr and type(other) is scale_by_learning_rate:
+            return _decayed_step(self, other)
+        return None
+
     def __repr__(self) -> str:
         return "add_decayed_weights(after_lr=True)" if self.after_lr else "add_decayed_weights()"
+
+
+class _decayed_step(Transform):  # noqa: N801
+    """``add_decayed_weights()`` then ``scale_by_learning_rate`` as one link (``Transform.fuse``): ``update`` is
+    theirs one after the other; as a chain's last link it writes the parameters in the op order of torch.optim's
+    decoupled decay and lion-pytorch's step (``apply``), two list ops where the two links and the addition take
+    four:  p <- p (1 - lr wd);  p <- p - lr u."""
+
+    name = "weight_decay"
+
+    def __init__(self, decay: add_decayed_weights, lr: scale_by_learning_rate):
+        self.decay, self.lr = decay, lr
+
+    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
+        return self.lr.update(self.decay.update(updates, state, ctx), state, ctx)
+
+    def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
+        if ctx.active("weight_decay"):
+            lists.mul_(ctx.params, ctx["decay"])
+        lists.sub_(ctx.params, updates, ctx["lr"])
+
+    def __repr__(self) -> str:
+        return f"fused({self.decay!r}, {self.lr!r})"
 
 class decay_stepped_weights(Transform):  # noqa: N801
     """u <- u - lr wd (p + u), placed after ``scale_by_learning_rate``: decoupled weight decay applied
