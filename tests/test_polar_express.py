@@ -117,6 +117,9 @@ def test_a_schedule_of_ones_own_runs_one_triple_per_iteration_and_repeats_the_la
 
 @pytest.mark.slow
 def test_compiled_equals_eager():
+    """Within a rounding a step: the eager step ends in torch's add with alpha, p - lr u in one fused rounding (as
+    torch.optim.Muon's ``add_(update, alpha=-lr)``), which inductor's CPU code computes as a product, then a
+    difference; the orthogonalization itself is the same ops either way."""
     gen = torch.Generator().manual_seed(1)
     params = [torch.randn(s, generator=gen).requires_grad_() for s in [(12, 8), (8, 12)]]
     optimizers = []
@@ -127,7 +130,7 @@ def test_compiled_equals_eager():
 
     trajectories = [run_bag(lambda p: make(p, c), clone(params), torch.float32, 4) for c in (True, False)]
     assert optimizers[0].compile_stats["compiles"] >= 1, "the compiled path did not compile"
-    assert_trajectories_close(*trajectories, torch.float32, rtol=0, atol=0)
+    assert_trajectories_close(*trajectories, torch.float32, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("value, message", [
