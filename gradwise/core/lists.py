@@ -60,20 +60,9 @@ def sub(xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
 
 
 def sub_(xs: list[Tensor], ys: list[Tensor], alpha: Tensor | None = None) -> None:
-    """``x.sub_(y)`` for each pair; with ``alpha`` (a 0-d tensor), ``x.sub_(y, alpha=alpha)``: eagerly on the CPU
-    that op with ``alpha`` as a number (one foreach call; its kernel multiplies and subtracts in one fused
-    rounding where it vectorizes), traced or elsewhere ``x - y * alpha``, within a rounding of it."""
-    if alpha is not None:
-        number = _cpu_number(alpha)
-        if number is None:
-            ys = mul(ys, alpha)
-        elif _foreach(xs):
-            torch._foreach_sub_(xs, ys, alpha=number)
-            return
-        else:
-            for x, y in zip(xs, ys):
-                x.sub_(y, alpha=number)
-            return
+    """``x.sub_(y)`` for each pair; with ``alpha`` (a 0-d tensor), ``x.sub_(y, alpha=alpha)`` (``_scaled``)."""
+    if alpha is not None and (ys := _scaled(torch._foreach_sub_, torch.Tensor.sub_, xs, ys, alpha)) is None:
+        return
     if _foreach(xs):
         torch._foreach_sub_(xs, ys)
         return
@@ -82,24 +71,30 @@ def sub_(xs: list[Tensor], ys: list[Tensor], alpha: Tensor | None = None) -> Non
 
 
 def add_(xs: list[Tensor], y: Operand, alpha: Tensor | None = None) -> None:
-    """``x.add_(y)`` for each x; with ``alpha`` (a 0-d tensor; ``y`` a list), ``x.add_(y, alpha=alpha)``: eagerly on the
-    CPU that op with ``alpha`` as a number (as ``sub_``), traced or elsewhere ``x + y * alpha``."""
-    if alpha is not None:
-        number = _cpu_number(alpha)
-        if number is None:
-            y = mul(y, alpha)
-        elif _foreach(xs):
-            torch._foreach_add_(xs, y, alpha=number)
-            return
-        else:
-            for x, b in zip(xs, y):
-                x.add_(b, alpha=number)
-            return
+    """``x.add_(y)`` for each x; with ``alpha`` (a 0-d tensor; ``y`` a list), ``x.add_(y, alpha=alpha)``
+    (``_scaled``)."""
+    if alpha is not None and (y := _scaled(torch._foreach_add_, torch.Tensor.add_, xs, y, alpha)) is None:
+        return
     if _foreach(xs):
         torch._foreach_add_(xs, y)
         return
     for x, b in zip(xs, _each(y, len(xs))):
         x.add_(b)
+
+
+def _scaled(foreach, op, xs: list[Tensor], ys: list[Tensor], alpha: Tensor) -> list[Tensor] | None:
+    """Eagerly on the CPU, ``op(x, y, alpha=alpha)`` for each pair with ``alpha`` as a number (one foreach call; torch's
+    kernel multiplies and adds in one fused rounding where it vectorizes), and None; traced or on another device,
+    ``ys`` times ``alpha``, for the caller's op without it (within a rounding of the fused one)."""
+    number = _cpu_number(alpha)
+    if number is None:
+        return mul(ys, alpha)
+    if _foreach(xs):
+        foreach(xs, ys, alpha=number)
+    else:
+        for x, y in zip(xs, ys):
+            op(x, y, alpha=number)
+    return None
 
 
 def addcmul_(xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: Tensor | None = None) -> None:

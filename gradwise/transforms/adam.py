@@ -9,6 +9,7 @@ from torch import Tensor
 from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, boolean, positive
 from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.fused_tail import FusedTail
 from gradwise.transforms.learning_rate import scale_by_learning_rate
 from gradwise.transforms.weight_decay import add_decayed_weights
 
@@ -106,35 +107,19 @@ class _adam_without_max(scale_by_adam):  # noqa: N801
         return "scale_by_adam()"
 
 
-class _fused_adam(Transform):  # noqa: N801
+class _fused_adam(FusedTail):  # noqa: N801
     """``scale_by_adam`` and the links after it of Adam's chain or AdamW's (``add_decayed_weights()``,
-    then ``scale_by_learning_rate``) as one link (``Transform.fuse``). Its ``update`` is theirs one after
-    the other, the same ops. Once it ends with the step size, as the chain's last link it writes the
-    parameters in torch.optim.Adam's op order, with its bits, in 8 list ops to the 12 of AdamW's chain
-    (``apply``):
+    then ``scale_by_learning_rate``) as one link (``FusedTail``). Once it ends with the step size, as the chain's
+    last link it writes the parameters in torch.optim.Adam's op order, with its bits, in 8 list ops to the 12 of
+    AdamW's chain (``apply``):
 
     p <- p (1 - lr wd) (AdamW);  m, v and d = sqrt(v) / sqrt(1-b2^t) + eps as in Adam;
     p <- p - lr/(1-b1^t) m / d  (``addcdiv_``)
     """
 
-    name = "adam"
-
     def __init__(self, adam: scale_by_adam, decay: add_decayed_weights | None, lr: scale_by_learning_rate | None):
-        self.adam, self.decay, self.lr = adam, decay, lr
-        self.state, self.nonnegative = adam.state, adam.nonnegative
+        super().__init__(adam, decay, lr)
         self.torch_kernel = lr is not None  # (``apply`` writes the parameters)
-
-    def fuse(self, other: Transform) -> Transform | None:
-        if self.lr is None and type(other) is scale_by_learning_rate:
-            return _fused_adam(self.adam, self.decay, other)
-        return None
-
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        updates = self.adam.update(updates, state, ctx)
-        for t in (self.decay, self.lr):
-            if t is not None:
-                updates = t.update(updates, {}, ctx)  # stateless, and they read no scalars of their own
-        return updates
 
     def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
         if self.lr is None:
@@ -145,7 +130,7 @@ class _fused_adam(Transform):  # noqa: N801
             return
         if self.decay is not None and ctx.active("weight_decay"):
             lists.mul_(ctx.params, ctx["decay"])
-        m, denominators = self.adam.moments(updates, state, ctx)
+        m, denominators = self.core.moments(updates, state, ctx)
         lists.addcdiv_(ctx.params, m, denominators, ctx["step_size"])
 
     def _torch_kernel(self, updates: list[Tensor], state, ctx: Context) -> None:
@@ -162,9 +147,6 @@ class _fused_adam(Transform):  # noqa: N801
                             state["max_exp_avg_sq"] if amsgrad else [], [ctx["step"]] * len(updates),
                             lr=ctx["lr"].item(), beta1=b1.item(), beta2=b2.item(), weight_decay=decay,
                             eps=ctx["eps"].item(), amsgrad=amsgrad, maximize=False)
-
-    def __repr__(self) -> str:
-        return "fused(" + ", ".join(repr(t) for t in (self.adam, self.decay, self.lr) if t is not None) + ")"
 
 
 class scale_by_adam_moments(Transform):  # noqa: N801

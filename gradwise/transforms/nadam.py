@@ -8,6 +8,7 @@ from torch import Tensor
 from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
+from gradwise.transforms.fused_tail import FusedTail
 from gradwise.transforms.learning_rate import scale_by_learning_rate
 from gradwise.transforms.weight_decay import add_decayed_weights
 
@@ -91,11 +92,11 @@ class scale_by_nadam(Transform):  # noqa: N801
         return None
 
 
-class _fused_nadam(Transform):  # noqa: N801
+class _fused_nadam(FusedTail):  # noqa: N801
     """``scale_by_nadam`` and the links after it of NAdamW's chain (``add_decayed_weights()``, then
-    ``scale_by_learning_rate``) or NAdam's (the step size) as one link (``Transform.fuse``). Its ``update`` is
-    theirs one after the other, the same ops. Once it ends with the step size, as the chain's last link it writes
-    the parameters in torch.optim.NAdam's op order (``apply``), in 9 list ops to the chain's 17:
+    ``scale_by_learning_rate``) or NAdam's (the step size) as one link (``FusedTail``). Once it ends with the step
+    size, as the chain's last link it writes the parameters in torch.optim.NAdam's op order (``apply``), in 9 list
+    ops to the chain's 17:
 
     p <- p (1 - lr wd) (NAdamW);  m, v and d = sqrt(v / (1-b2^t)) + eps as in NAdam;
     p <- p + c1 u / d + c2 m / d,  c1 = -lr (1-mu_t) / (1-P_t),  c2 = -lr mu_{t+1} / (1-P_t mu_{t+1})
@@ -103,31 +104,13 @@ class _fused_nadam(Transform):  # noqa: N801
     (two ``addcdiv_`` eagerly; compiled, (c1 u + c2 m) / d, one division per element).
     """
 
-    name = "nadam"
-
-    def __init__(self, nadam: scale_by_nadam, decay: add_decayed_weights | None, lr: scale_by_learning_rate | None):
-        self.nadam, self.decay, self.lr = nadam, decay, lr
-        self.state, self.nonnegative = nadam.state, nadam.nonnegative
-
-    def fuse(self, other: Transform) -> Transform | None:
-        if self.lr is None and type(other) is scale_by_learning_rate:
-            return _fused_nadam(self.nadam, self.decay, other)
-        return None
-
-    def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
-        updates = self.nadam.update(updates, state, ctx)
-        for t in (self.decay, self.lr):
-            if t is not None:
-                updates = t.update(updates, {}, ctx)  # stateless, and they read no scalars of their own
-        return updates
-
     def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
         if self.lr is None:
             super().apply(updates, state, ctx)
             return
         if self.decay is not None and ctx.active("weight_decay"):
             lists.mul_(ctx.params, ctx["decay"])
-        m, denominators = self.nadam.moments(updates, state, ctx)
+        m, denominators = self.core.moments(updates, state, ctx)
         mu_product = torch.stack(state["mu_product"]).double()  # each parameter's coefficients, in double
         c1 = ctx["lr_one_minus_mu"].double() / (1 - mu_product)
         c2 = ctx["lr_mu_next"].double() / (1 - mu_product * ctx["mu_next"].double())
@@ -139,6 +122,3 @@ class _fused_nadam(Transform):  # noqa: N801
             return
         lists.addcdiv_each_(ctx.params, updates, denominators, c1)
         lists.addcdiv_each_(ctx.params, m, denominators, c2)
-
-    def __repr__(self) -> str:
-        return "fused(" + ", ".join(repr(t) for t in (self.nadam, self.decay, self.lr) if t is not None) + ")"
