@@ -96,7 +96,7 @@ class _fused_nadam(FusedTail):  # noqa: N801
     """``scale_by_nadam`` and the links after it of NAdamW's chain (``add_decayed_weights()``, then
     ``scale_by_learning_rate``) or NAdam's (the step size) as one link (``FusedTail``). Once it ends with the step
     size, as the chain's last link it writes the parameters in torch.optim.NAdam's op order (``apply``), in 9 list
-    ops to the chain's 17:
+    ops to the chain's 16:
 
     p <- p (1 - lr wd) (NAdamW);  m, v and d = sqrt(v / (1-b2^t)) + eps as in NAdam;
     p <- p + c1 u / d + c2 m / d,  c1 = -lr (1-mu_t) / (1-P_t),  c2 = -lr mu_{t+1} / (1-P_t mu_{t+1})
