@@ -124,7 +124,7 @@ class scale_by_schedule_free(Transform):  # noqa: N801
 
     def apply(self, updates: list[Tensor], state, ctx: Context) -> None:
         """The step written into y eagerly in the ``schedulefree`` package's op order: y.lerp_(z, c), y += coefficient
-        d, z -= lr d, one list op each (three foreach calls, where ``update`` and its addition take five). Traced,
+        d, z -= lr d, one list op each (three foreach calls, where ``update`` and its addition take six). Traced,
         ``update``'s summed form, added: the same arithmetic per element, in the loop measured fastest."""
         if torch.compiler.is_compiling():
             lists.add_(ctx.params, self.update(updates, state, ctx))

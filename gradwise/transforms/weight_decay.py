@@ -70,6 +70,7 @@ class _decayed_step(Transform):  # noqa: N801
     def __repr__(self) -> str:
         return f"fused({self.decay!r}, {self.lr!r})"
 
+
 class decay_stepped_weights(Transform):  # noqa: N801
     """u <- u - lr wd (p + u), placed after ``scale_by_learning_rate``: decoupled weight decay applied
     to the parameter after its step, p <- (p + u)(1 - lr wd), as Hugging Face transformers' AdamW
