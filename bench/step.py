@@ -14,6 +14,9 @@ separately, and timed steps that compiled again are dropped from the median and 
 The memory-bandwidth bound of a step is ``bytes moved per parameter * parameters / copy bandwidth``,
 the bandwidth measured in the same run as (bytes read + bytes written) / time of ``dst.copy_(src)``.
 
+``--peers`` adds each recipe's reference implementation where one is installed (``PEERS``), built with the recipe's
+hyperparameters and timed as a row of its own in the same interleaved rounds.
+
 ``--device cuda`` puts the parameters, gradients, state and the copy on the GPU; every timing waits for the
 device before and after (``torch.<device>.synchronize``, a no-op on the CPU), so one code path times both.
 """
@@ -39,6 +42,39 @@ from gradwise.shapes import SIZES, gpt2_shapes
 
 #: the torch reference rows: torch.optim.AdamW with the gradwise AdamW row's hyperparameters.
 REFERENCES = {"fused": {"fused": True}, "foreach": {"foreach": True}}
+
+
+def _schedulefree_adamw(params, **hyper):
+    import schedulefree
+
+    optimizer = schedulefree.AdamWScheduleFree(params, foreach=True, **hyper)
+    optimizer.train()  # it starts in eval mode
+    return optimizer
+
+
+def _torch_optimizer(name: str, **fixed):
+    def make(params, **hyper):
+        import torch
+
+        return getattr(torch.optim, name)(params, **hyper, **fixed)
+    return make
+
+
+def _lion_pytorch(params, **hyper):
+    from lion_pytorch import Lion
+
+    return Lion(params, **hyper)
+
+
+#: ``--peers``: recipe -> (the row's path, the module it needs, a constructor taking the recipe's hyperparameters): each
+#: recipe's reference implementation, on its fastest path that computes the same step (foreach where it has one)
+PEERS = {
+    "NAdamW": ("peer: torch NAdam foreach", "torch", _torch_optimizer("NAdam", decoupled_weight_decay=True,
+                                                                       foreach=True)),
+    "SGD": ("peer: torch SGD foreach", "torch", _torch_optimizer("SGD", foreach=True)),
+    "ScheduleFreeAdamW": ("peer: schedulefree", "schedulefree", _schedulefree_adamw),
+    "Lion": ("peer: lion-pytorch", "lion_pytorch", _lion_pytorch),
+}
 
 
 def count_label(n: int) -> str:
@@ -116,15 +152,21 @@ class Bench:
         times, compiled, window = [], [], {name: [] for name in self.refs}
         for r in range(steps):
             for name, o in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
-                before = o.compile_stats["compiles"] if name == "row" else 0
+                before = _compiles(o) if name == "row" else 0
                 t = _ms(o.step, self.device)
                 if name != "row":
                     window[name].append(t)
                 else:
-                    (compiled if o.compile_stats["compiles"] != before else times).append(t)
+                    (compiled if _compiles(o) != before else times).append(t)
         for name, ts in window.items():
             self.ref_times[name] += ts
         return times or compiled, window, len(compiled)  # every step compiling: keep them all (and say so)
+
+
+def _compiles(optimizer) -> int:
+    """The graphs a gradwise optimizer has compiled (``compile_stats``); 0 for another library's."""
+    stats = getattr(optimizer, "compile_stats", None)
+    return 0 if stats is None else stats["compiles"]
 
 
 def _row(recipe, path, times, window, bench, moved, bandwidth, nbytes, **extra) -> dict:
@@ -161,17 +203,21 @@ def measure(args, log=lambda message: None) -> dict:
     log(f"parameters and torch references for {args.size}")
     bench = Bench(args.size, device=device)
     header.update({"params": bench.numel, "params_label": count_label(bench.numel), "tensors": len(bench.shapes)})
-    jobs = [(r, p) for r in args.recipes for p in args.paths]
+    peers = [r for r in args.recipes if args.peers and r in PEERS and _installed(PEERS[r][1], log)]
+    jobs = [(r, p) for r in args.recipes for p in [*args.paths, *([PEERS[r][0]] if r in peers else [])]]
     measured = []
     with _inductor_cache(args.warm_cache):
         for i, (recipe, path) in enumerate(jobs, 1):
             log(f"[{i}/{len(jobs)}] {recipe} {path}")
             cls_name, hyper, moved = RECIPES[recipe]
-            opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": PATHS[path]}, named=True)
+            if path in PATHS:
+                opt = bench.build(getattr(gradwise, cls_name), hyper, {"compile": PATHS[path]}, named=True)
+            else:
+                opt = bench.build(PEERS[recipe][2], hyper, {})
             warmup_ms = [_ms(opt.step, device) for _ in range(WARMUP)]
             with _phase_timers(args.phases) as phases:
                 times, window, recompiled = bench.rounds(opt, args.steps)
-            stats = opt.compile_stats
+            stats = getattr(opt, "compile_stats", {"seconds": 0.0, "compiles": 0})
             measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
                 warmup_ms=warmup_ms, compile_s=stats["seconds"], compiles=stats["compiles"],
                 timed_compiles=recompiled, hyperparameters=hyper,
@@ -194,6 +240,16 @@ def measure(args, log=lambda message: None) -> dict:
                          warmup_ms=[], compile_s=0.0, compiles=0, timed_compiles=0,
                          hyperparameters={**RECIPES["AdamW"][1], **REFERENCES[name]}))
     return {"header": header, "rows": rows}
+
+
+def _installed(module: str, log) -> bool:
+    """Whether ``module`` imports; if not, say that its peer row is left out."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return True
+    log(f"--peers: {module} is not installed; its row is left out (pip install '.[test]')")
+    return False
 
 
 @contextlib.contextmanager

@@ -96,6 +96,10 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--phases", action="store_true",
                         help="also time each phase of a step run in several (Ranger21's shaping, shrink and "
                              "elementwise phase): milliseconds per timed step, printed under the table")
+    parser.add_argument("--peers", action="store_true",
+                        help="also time each recipe's reference implementation where one is installed (torch's "
+                             "foreach NAdam and SGD, schedulefree's AdamWScheduleFree, lion-pytorch's Lion) with the "
+                             "recipe's hyperparameters, in the same interleaved rounds")
     parser.add_argument("--warm-cache", action="store_true",
                         help="compile with the usual on-disk inductor cache (without it: a fresh, empty one, so "
                              "'compile s' is a cold compile)")

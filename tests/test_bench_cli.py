@@ -61,13 +61,8 @@ def test_bench_step_tiny_json(tmp_path):
 def test_bench_step_phases_times_each_phase_of_a_phased_step(tmp_path):
     """``--phases``: Ranger21's step runs in three phases (shaping, shrink, the elementwise rest), each timed; a
     steady AdamW step runs as one, and reports none."""
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/step.py", "--size", "tiny", "--steps", "3", "--recipes", "Ranger21,AdamW",
-         "--paths", "eager", "--phases", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    ranger21, adamw = json.loads(out.read_text())["rows"][:2]
+    proc, result = _bench_step(tmp_path, "--steps", "3", "--recipes", "Ranger21,AdamW", "--paths", "eager", "--phases")
+    ranger21, adamw = result["rows"][:2]
     phases = ranger21["phases_ms"]
     assert [name.split("(")[1] for name in phases] == ["shape_gradient", "shrink_like_ranger21", "scale_by_pnm_adam"]
     assert all(ms > 0 for ms in phases.values()) and sum(phases.values()) <= ranger21["max_ms"]
@@ -104,3 +99,27 @@ def test_bad_arguments_name_argument_value_and_allowed(argv, named, capsys):
     err = capsys.readouterr().err
     for text in named:
         assert text in err, (text, err)
+
+
+def test_bench_step_peers_times_each_recipes_reference_beside_it(tmp_path):
+    """``--peers``: a row for each recipe's reference implementation (lion-pytorch's Lion, torch's foreach NAdam),
+    after the recipe's own, timed in the same interleaved rounds against torch's AdamW."""
+    proc, result = _bench_step(tmp_path, "--steps", "2", "--recipes", "Lion,NAdamW,AdamW", "--paths", "eager",
+                               "--peers")
+    rows = result["rows"]
+    assert [(r["recipe"], r["path"]) for r in rows] == [
+        ("Lion", "eager"), ("Lion", "peer: lion-pytorch"), ("NAdamW", "eager"), ("NAdamW", "peer: torch NAdam foreach"),
+        ("AdamW", "eager"), ("torch AdamW", "fused"), ("torch AdamW", "foreach")]
+    for r in rows[1], rows[3]:
+        assert len(r["times_ms"]) == 2 and r["compiles"] == 0 and math.isfinite(r["vs_foreach"]) and r["median_ms"] > 0
+        assert r["state_bytes"] > 0  # the peer's own state, counted as gradwise's
+    assert "peer: lion-pytorch" in proc.stdout
+
+
+def _bench_step(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``bench/step.py --size tiny ARGS`` in a subprocess (it sets torch's thread count): the process, and its JSON."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "bench/step.py", "--size", "tiny", *args, "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(out.read_text())
