@@ -88,11 +88,7 @@ class scale_by_adam(Transform):  # noqa: N801 - transforms are named like functi
     def fuse(self, other: Transform) -> Transform | None:
         """Followed by decoupled weight decay or the step size (Adam's and AdamW's chains): one link
         (``_fused_adam``)."""
-        if type(other) is add_decayed_weights and not other.after_lr:
-            return _fused_adam(self, other, None)
-        if type(other) is scale_by_learning_rate:
-            return _fused_adam(self, None, other)
-        return None
+        return _fused_adam.following(self, other)
 
 
 class _adam_without_max(scale_by_adam):  # noqa: N801

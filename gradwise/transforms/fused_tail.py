@@ -20,6 +20,16 @@ class FusedTail(Transform):
         self.core, self.decay, self.lr = core, decay, lr
         self.name, self.state, self.nonnegative = core.name, core.state, core.nonnegative
 
+    @classmethod
+    def following(cls, core: Transform, other: Transform) -> Transform | None:
+        """``core`` and ``other`` right after it as one link of this class (``core.fuse(other)``): where ``other`` is
+        decoupled weight decay or the step size; else None."""
+        if type(other) is add_decayed_weights and not other.after_lr:
+            return cls(core, other, None)
+        if type(other) is scale_by_learning_rate:
+            return cls(core, None, other)
+        return None
+
     def fuse(self, other: Transform) -> Transform | None:
         if self.lr is None and type(other) is scale_by_learning_rate:
             return type(self)(self.core, self.decay, other)

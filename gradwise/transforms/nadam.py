@@ -9,8 +9,6 @@ from gradwise.core import lists
 from gradwise.core.hyper import Hyper, betas_pair, non_negative, positive
 from gradwise.core.transform import Context, Transform, state_dtype
 from gradwise.transforms.fused_tail import FusedTail
-from gradwise.transforms.learning_rate import scale_by_learning_rate
-from gradwise.transforms.weight_decay import add_decayed_weights
 
 
 class scale_by_nadam(Transform):  # noqa: N801
@@ -85,11 +83,7 @@ class scale_by_nadam(Transform):  # noqa: N801
     def fuse(self, other: Transform) -> Transform | None:
         """Followed by decoupled weight decay or the step size (NAdamW's and NAdam's chains): one link
         (``_fused_nadam``)."""
-        if type(other) is add_decayed_weights and not other.after_lr:
-            return _fused_nadam(self, other, None)
-        if type(other) is scale_by_learning_rate:
-            return _fused_nadam(self, None, other)
-        return None
+        return _fused_nadam.following(self, other)
 
 
 class _fused_nadam(FusedTail):  # noqa: N801
