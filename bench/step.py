@@ -152,21 +152,20 @@ class Bench:
         times, compiled, window = [], [], {name: [] for name in self.refs}
         for r in range(steps):
             for name, o in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
-                before = _compiles(o) if name == "row" else 0
+                before = _compile_stats(o)["compiles"] if name == "row" else 0
                 t = _ms(o.step, self.device)
                 if name != "row":
                     window[name].append(t)
                 else:
-                    (compiled if _compiles(o) != before else times).append(t)
+                    (compiled if _compile_stats(o)["compiles"] != before else times).append(t)
         for name, ts in window.items():
             self.ref_times[name] += ts
         return times or compiled, window, len(compiled)  # every step compiling: keep them all (and say so)
 
 
-def _compiles(optimizer) -> int:
-    """The graphs a gradwise optimizer has compiled (``compile_stats``); 0 for another library's."""
-    stats = getattr(optimizer, "compile_stats", None)
-    return 0 if stats is None else stats["compiles"]
+def _compile_stats(optimizer) -> dict:
+    """A gradwise optimizer's ``compile_stats`` (graphs compiled, seconds); none for another library's (``--peers``)."""
+    return getattr(optimizer, "compile_stats", {"seconds": 0.0, "compiles": 0})
 
 
 def _row(recipe, path, times, window, bench, moved, bandwidth, nbytes, **extra) -> dict:
@@ -217,7 +216,7 @@ def measure(args, log=lambda message: None) -> dict:
             warmup_ms = [_ms(opt.step, device) for _ in range(WARMUP)]
             with _phase_timers(args.phases) as phases:
                 times, window, recompiled = bench.rounds(opt, args.steps)
-            stats = getattr(opt, "compile_stats", {"seconds": 0.0, "compiles": 0})
+            stats = _compile_stats(opt)
             measured.append((recipe, path, times, window, moved, state_bytes(opt), dict(
                 warmup_ms=warmup_ms, compile_s=stats["seconds"], compiles=stats["compiles"],
                 timed_compiles=recompiled, hyperparameters=hyper,
