@@ -31,6 +31,8 @@ class Context:
     #: for the last link of a phase whose results the next phase reads: tensors shaped like the
     #: updates, kept between steps, that it may write its results into (``out=``) instead of new memory
     out: list[Tensor] | None = None
+    #: compiled (``CompiledStep``): where ``once`` collects the values the graph returns; else None
+    once_per_call: list[Tensor] | None = None
 
     def __getitem__(self, name: str) -> Any:
         if name in self.static:
@@ -49,6 +51,17 @@ class Context:
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__, **changes)
         return copy
+
+    def once(self, value: Tensor) -> Tensor:
+        """``value`` (a link's per-parameter coefficients, computed from 0-d state), computed once per compiled call
+        rather than once per vector of the loop that reads it. Inductor inlines a scalar expression into the
+        elementwise loop that reads it, and its CPU code evaluates it at every iteration (NAdam's two divisions in
+        double, Schedule-Free's conversion and products); a value the graph returns is computed into a buffer
+        before the loop, which then loads it. Eagerly (and in graphs that return nothing more), ``value`` as it is.
+        """
+        if self.once_per_call is not None:
+            self.once_per_call.append(value)
+        return value
 
     @property
     def torch_kernels(self) -> bool:

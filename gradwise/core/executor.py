@@ -107,6 +107,7 @@ def run_chain(
     outputs: list[Tensor] | None = None,
     keep: list[Tensor] | None = None,
     scratch: list[Tensor] | None = None,
+    once: list[Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """One phase of an optimizer step over aligned lists; mutates state, and the params (the last
     phase: ``p <- p + phase(g)``) or ``outputs`` (an earlier one: the update so far, for the next
@@ -116,11 +117,12 @@ def run_chain(
     this phase's output (``Phase.partials``).
 
     ``rounding`` (int64, one row (seed, first element's index) per parameter) is given when the
-    parameters are bfloat16 and written with stochastic rounding (``gradwise.core.rounding``)."""
+    parameters are bfloat16 and written with stochastic rounding (``gradwise.core.rounding``). ``once`` gets what
+    the links compute once per call (``Context.once``), for a compiled caller to return."""
     hyper, scalars, reduced = unpack(values, layout)
     negate = static["maximize"] and phase.reads_grads
     updates = [_as(-g if negate else g, state_dtype(p)) for p, g in zip(params, inputs)]
-    ctx = Context(params, inputs, hyper, static, scalars, reduced, scratch)
+    ctx = Context(params, inputs, hyper, static, scalars, reduced, scratch, once)
     if phase.last and rounding is None and all(p.dtype == u.dtype for p, u in zip(params, updates)):
         phase.apply(updates, state, ctx)  # its links write the parameters (a last phase has no reducer)
         return {}
@@ -139,6 +141,16 @@ def run_chain(
     for i, (p, u) in enumerate(zip(params, updates)):
         add_stochastically(p, u, rounding[i, 0], rounding[i, 1])
     return parts
+
+
+def run_chain_once(phase: Phase, params: list[Tensor], inputs: list[Tensor], state: Mapping[str, list[Tensor]],
+                   values: Tensor, layout: Layout, static: Mapping[str, Any], rounding: Tensor | None = None,
+                   outputs: list[Tensor] | None = None) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """``run_chain``, and what its links computed once per call (``Context.once``): the function ``CompiledStep``
+    compiles, whose graph returns them, so that inductor computes them into buffers before the loop. (Its
+    arguments are named, not ``**``: ``GuardedGraphs`` checks a kept graph's guards on them as the frame's locals.)"""
+    once: list[Tensor] = []
+    return run_chain(phase, params, inputs, state, values, layout, static, rounding, outputs, once=once), once
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -181,7 +193,7 @@ class CompiledStep:
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
         # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
-        self._graphs = GuardedGraphs(private_copy(run_chain), self._backend, dynamic=True)
+        self._graphs = GuardedGraphs(private_copy(run_chain_once), self._backend, dynamic=True)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
@@ -301,7 +313,7 @@ class CompiledStep:
             # compile on copies first: a graph that fails to compile then changes nothing
             self._graphs(key, self._stand_ins(args))
             self._compiled_for.add(key)
-        parts = self._graphs(key, args)
+        parts, _ = self._graphs(key, args)
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds

@@ -56,12 +56,12 @@ class scale_by_nadam(Transform):  # noqa: N801
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         """torch.optim.NAdam's ops per tensor, as list ops (``core/lists.py``); each parameter's two coefficients
-        computed stacked, one op each, with the bits of its own 0-d ops."""
+        computed stacked, one op each, with the bits of its own 0-d ops (compiled: once per call, ``Context.once``)."""
         mu, mu_next = ctx["mu"], ctx["mu_next"]
         m, denominators = self.moments(updates, state, ctx)
         mu_product = torch.stack(state["mu_product"])
-        out = lists.mul(updates, list(((1 - mu) / (1 - mu_product)).unbind()))
-        lists.add_(out, lists.mul(m, list((mu_next / (1 - mu_product * mu_next)).unbind())))
+        out = lists.mul(updates, list(ctx.once((1 - mu) / (1 - mu_product)).unbind()))
+        lists.add_(out, lists.mul(m, list(ctx.once(mu_next / (1 - mu_product * mu_next)).unbind())))
         lists.div_(out, denominators)
         return out
 
@@ -110,8 +110,8 @@ class _fused_nadam(FusedTail):  # noqa: N801
         c2 = ctx["lr_mu_next"].double() / (1 - mu_product * ctx["mu_next"].double())
         if torch.compiler.is_compiling():
             dtype = updates[0].dtype
-            for p, u, a, d, x, y in zip(ctx.params, updates, m, denominators, c1.to(dtype).unbind(),
-                                        c2.to(dtype).unbind()):
+            for p, u, a, d, x, y in zip(ctx.params, updates, m, denominators, ctx.once(c1.to(dtype)).unbind(),
+                                        ctx.once(c2.to(dtype)).unbind()):
                 p.add_((u * x + a * y) / d)
             return
         lists.addcdiv_each_(ctx.params, updates, denominators, c1)

@@ -136,10 +136,10 @@ class scale_by_schedule_free(Transform):  # noqa: N801
 
     def _coefficients(self, state, ctx: Context, dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
         """Each parameter's c and lr (beta (1 - c) - 1), 0-d tensors of ``dtype``: computed stacked, one op each,
-        with the bits of each parameter's own 0-d ops."""
+        with the bits of each parameter's own 0-d ops; compiled, once per call (``Context.once``)."""
         beta = ctx[self.beta][0] if self.beta == "betas" else ctx[self.beta]
-        c = torch.stack(state["ckp1"]).to(dtype)
-        return list(c.unbind()), list((ctx["scheduled_lr"] * (beta * (1 - c) - 1)).unbind())
+        c = ctx.once(torch.stack(state["ckp1"]).to(dtype))
+        return list(c.unbind()), list(ctx.once(ctx["scheduled_lr"] * (beta * (1 - c) - 1)).unbind())
 
     def set_mode(self, mode: str, param: Tensor, state, group) -> None:
         beta = self.checked_beta(group)
