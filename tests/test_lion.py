@@ -6,13 +6,14 @@ import pytest
 import torch
 
 import gradwise
+from gradwise.core.eager import EAGER_CHUNK
 from tests.registry import _lion
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_eager_lion_equals_lion_pytorch_bit_for_bit(weight_decay):
     gen = torch.Generator().manual_seed(0)
-    values = [torch.randn(s, generator=gen) for s in [(70_000,), (17, 5), (3,), (64, 33)]]  # one in 64K pieces
+    values = [torch.randn(s, generator=gen) for s in [(EAGER_CHUNK + 4_464,), (17, 5), (3,), (64, 33)]]  # one in pieces
     ours_params = [v.clone().requires_grad_() for v in values]
     theirs_params = [v.clone().requires_grad_() for v in values]
     hyper = dict(lr=3e-4, betas=(0.9, 0.99), weight_decay=weight_decay)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import gradwise
+from gradwise.core.eager import EAGER_CHUNK
 
 
 def _stepped(**kwargs):
@@ -131,7 +132,7 @@ def _adamw_by_tensor(params, grads, states, lr, betas, eps, wd, step, amsgrad, m
 @pytest.mark.parametrize("amsgrad,maximize", [(False, False), (True, True)])
 def test_eager_adamw_gives_the_bits_of_one_op_per_tensor(dtype, amsgrad, maximize):
     gen = torch.Generator().manual_seed(1)
-    shapes = [(), (3,), (17, 5), (70_000,), (4, 3, 3, 3)]  # 0-d, small, one sliced into 64K pieces
+    shapes = [(), (3,), (17, 5), (EAGER_CHUNK + 4_464,), (4, 3, 3, 3)]  # 0-d, small, one sliced into pieces
     params = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
     params.append(torch.randn(6, 4, generator=gen).to(dtype).t())  # not contiguous
     mine = [p.clone().requires_grad_() for p in params]
