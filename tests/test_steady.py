@@ -9,6 +9,10 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
+from gradwise import Optimizer, chain
+from gradwise.core.namespaces import strip_namespace
+from gradwise.core.transform import advance_plan
+from gradwise.transforms import add_decayed_weights, cautious, scale_by_nadam, scale_by_schedule_free
 from tests.registry import CASES
 
 #: recipes whose step is one phase of plain state on these models: every step after the first is a steady one
@@ -281,3 +285,30 @@ def test_a_steady_step_that_fails_after_advancing_puts_the_0d_state_back(monkeyp
     assert len(general) == 1  # the failing step was a steady one
     _assert_unchanged(model, opt, before)
     assert any(v.dim() == 0 and k != "step" for k, v in opt.state[model[0].weight].items())
+
+
+def test_advance_plan_makes_the_calls_of_advance_many_through_nested_composites():
+    """``advance_plan``, by which a steady step advances: the links under a modifier inside a chain, found with their
+    namespaces, and advanced as the chain's own ``advance_many`` advances them, bit for bit."""
+    transform = chain(cautious(chain(scale_by_nadam(), add_decayed_weights())), scale_by_schedule_free("betas"))
+    model = _mlp()
+    opt = Optimizer(model.parameters(), transform, lr=0.01, weight_decay=0.1)
+    for step in range(3):
+        _backward(model, step)
+        opt.step()
+    group = opt.param_groups[0]
+    before = [{k: v.clone() for k, v in opt.state[p].items() if k != "step"} for p in model.parameters()]
+    planned, walked = ([{k: v.clone() for k, v in st.items()} for st in before] for _ in range(2))
+    resolved = opt.chain_of(group)
+    scalars = resolved.scalars(group, 4)
+    plan = advance_plan(resolved, planned)
+    assert [(type(link).__name__, namespace) for link, namespace, _ in plan] == [
+        ("scale_by_nadam", "cautious.nadam"), ("scale_by_schedule_free", "schedule_free")]
+    for link, namespace, states in plan:
+        link.advance_many(states, group, strip_namespace(namespace, scalars))
+    resolved.advance_many(walked, group, scalars)
+    for old, mine, theirs in zip(before, planned, walked):
+        for key in old:
+            assert torch.equal(mine[key], theirs[key]), key
+        assert not torch.equal(mine["cautious.nadam.mu_product"], old["cautious.nadam.mu_product"])
+        assert not torch.equal(mine["schedule_free.weight_sum"], old["schedule_free.weight_sum"])

