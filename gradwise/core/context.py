@@ -57,8 +57,8 @@ class Context:
         rather than once per vector of the loop that reads it. Inductor inlines a scalar expression into the
         elementwise loop that reads it, and its CPU code evaluates it at every iteration (NAdam's two divisions in
         double, Schedule-Free's conversion and products); a value the graph returns is computed into a buffer
-        before the loop, which then loads it. Eagerly (and in graphs that return nothing more), ``value`` as it is.
-        """
+        before the loop, which then loads it. Eagerly, and where no compiled caller collects them (an encoded state's
+        step, a ``torch.compile`` around ``optimizer.step()``), ``value`` as it is."""
         if self.once_per_call is not None:
             self.once_per_call.append(value)
         return value

@@ -20,7 +20,7 @@ from gradwise.core.phases import Phase
 
 #: elements per piece: 256K (1 MiB float32 temporaries). Measured on a 2-core AVX2 EPYC against 64K, 128K, 512K and
 #: 1M: the fastest step from 168K-parameter models to 30M (64K, which kept the temporaries in L2, paid a call per
-#: list op per piece: 1.2-1.4x the step of small models; 512K and more made fresh pages again on a 756K one).
+#: list op per piece; 512K and more made fresh pages again on a 756K-parameter model). README, "Benchmarks".
 EAGER_CHUNK = 1 << 18
 
 

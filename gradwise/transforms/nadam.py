@@ -56,7 +56,8 @@ class scale_by_nadam(Transform):  # noqa: N801
 
     def advance_many(self, states, hyper, scalars) -> None:
         """``advance`` on a bucket's states in one foreach call: each running product times mu, as its own ``mul_``."""
-        torch._foreach_mul_([state["mu_product"] for state in states], scalars["mu"])
+        if states:
+            torch._foreach_mul_([state["mu_product"] for state in states], scalars["mu"])
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         """torch.optim.NAdam's ops per tensor, as list ops (``core/lists.py``); each parameter's two coefficients
