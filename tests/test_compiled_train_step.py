@@ -11,8 +11,10 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 import gradwise
 
 STEPS = 20
+#: NAdamW and Schedule-Free compute per-parameter coefficients through ``Context.once``, which nothing collects here
 CASES = {"AdamW": (gradwise.AdamW, {}), "Lion": (gradwise.Lion, {}),
-         "AdamW-int8": (gradwise.AdamW, {"state": "int8"})}
+         "AdamW-int8": (gradwise.AdamW, {"state": "int8"}), "NAdamW": (gradwise.NAdamW, {}),
+         "ScheduleFreeAdamW": (gradwise.ScheduleFreeAdamW, {})}
 
 
 def _train(case: str, backend, compile_step: bool | str = "auto"):
