@@ -155,10 +155,8 @@ class Transform:
             for state in states:
                 self.advance(state, hyper, scalars)
             return
-        for namespace, t in _wrapped_using(self, "advance"):
-            own = [s for s in (strip_namespace(namespace, st) for st in states) if _kept_here(t, s)]
-            if own:
-                t.advance_many(own, hyper, strip_namespace(namespace, scalars))
+        for link, namespace, own in _advanced_below(self, states):
+            link.advance_many(own, hyper, strip_namespace(namespace, scalars))
 
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
@@ -351,12 +349,18 @@ def _wrapped_using(transform: Transform, hook: str,
 def advance_plan(transform: Transform, states: list[Mapping[str, Tensor]],
                  namespace: str = "") -> list[tuple[Transform, str, list[Mapping[str, Tensor]]]]:
     """What ``transform.advance_many(states, ...)`` runs, as ``(link, namespace, its states)``: through the composites
-    that hand the bucket on (``Transform.advance_many``'s default, which takes each state's namespace off and asks
-    whose state it is at every call), down to each link that advances (or advances a bucket its own way). A steady
+    that hand the bucket on (``Transform.advance_many``'s default, which walks them this way at every call), down to
+    each link that advances (or advances a bucket its own way). A steady
     step (``core/steady.py``) makes it once and calls ``link.advance_many(states, hyper, strip_namespace(namespace,
     scalars))`` on each: the same calls, without a walk whose cost grows with the bucket's parameters."""
     if "advance" in transform.hooks or type(transform).advance_many is not Transform.advance_many:
         return [(transform, namespace, states)]
+    return _advanced_below(transform, states, namespace)
+
+
+def _advanced_below(transform: Transform, states: list[Mapping[str, Tensor]],
+                    namespace: str = "") -> list[tuple[Transform, str, list[Mapping[str, Tensor]]]]:
+    """``advance_plan`` of each transform ``transform`` wraps that uses ``advance``, on the states it keeps."""
     plan = []
     for inner, t in _wrapped_using(transform, "advance"):
         own = [s for s in (strip_namespace(inner, st) for st in states) if _kept_here(t, s)]
