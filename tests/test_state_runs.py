@@ -31,7 +31,7 @@ def test_runs_store_what_the_whole_buffer_stores(tag, signed):
     codec.encode(x, whole, signed, seed)
     runs = codec.empty(shape, signed, x.device)
     width = codec.run_width(shape, signed)
-    assert width in (1, 64)
+    assert 64 % width == 0  # the runs below start at multiples of the codec's run width
     decoded = []
     for start, stop, rows in block_pieces(x.numel(), 64):
         parts = codec.run_parts(runs, start, stop, rows)

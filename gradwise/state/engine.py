@@ -19,6 +19,7 @@ from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
+from gradwise.state.bf16_pairs import pair_buffers, pairs_in
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.policy import StatePolicy, policy_from
@@ -74,6 +75,7 @@ class EncodedState:
             # the state of a sharded parameter's whole-tensor links is whole, on its owner (core/owned.py)
             store(state, buffer, value, codec if encode else None, buffer not in self.nonnegative,
                   seed(0, position, buffer), shard if isinstance(value, DTensor) else None)
+        pair_buffers(state)
 
     @staticmethod
     def is_encoded(state: Mapping[str, Tensor]) -> bool:
@@ -122,9 +124,10 @@ class EncodedState:
             if runs is not None:
                 # a plain buffer written in the graph keeps the decoded state stored (fused.RECOMPUTE)
                 key = (phase, plain.keys().isdisjoint(phase.writes))
-                for run in cut_runs(runs, specs, p, inputs[i], plain, parts, param_seed, output):
+                pairs = pairs_in(specs, parts)
+                for run in cut_runs(runs, specs, pairs, p, inputs[i], plain, parts, param_seed, output):
                     (reduced, later), compiled = self._step(self._compiled_runs, key, step_run, (
-                        specs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2, fall_back)
+                        specs, pairs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2, fall_back)
                     store_run(run[3], later)
                     parts_out.append(reduced)
                 continue
@@ -187,6 +190,7 @@ class EncodedState:
                 if MARK in key and isinstance(value, Tensor):
                     state[key] = value.to(device=local(p).device, dtype=value.dtype, copy=True)
             conversions.update(self._convert(state, p, name, position))
+            pair_buffers(state)
         if conversions:
             summary = ", ".join(f"{old} -> {new}: {n}" for (old, new), n in sorted(conversions.items()))
             warnings.warn(f"gradwise: load_state_dict converted {sum(conversions.values())} state buffer(s) to this"

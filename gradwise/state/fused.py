@@ -9,6 +9,7 @@ at a time, several times slower than the compiles saved.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -16,6 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
@@ -75,7 +77,8 @@ class CompiledCodedStep:
         self.recompute = recompute
         self.compiles = 0
         self.compile_seconds = 0.0
-        self._compiled = torch.compile(private_copy(fn), backend=self._backend, fullgraph=True, dynamic=dynamic)
+        self._names = tuple(inspect.signature(fn).parameters)
+        self._graphs = GuardedGraphs(private_copy(fn), self._backend, dynamic)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor import config
@@ -90,7 +93,7 @@ class CompiledCodedStep:
 
     def __call__(self, *args: Any) -> Any:
         before, start = self.compiles, time.perf_counter()
-        reduced = self._compiled(self.phase, *args)
+        reduced = self._graphs(None, dict(zip(self._names, (self.phase, *args))))
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds

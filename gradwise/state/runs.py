@@ -33,6 +33,7 @@ from torch import Tensor
 from gradwise.core.executor import rounding_rows, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
+from gradwise.state.bf16_pairs import decode_words, encode_words, words_run
 from gradwise.state.codec import alias
 from gradwise.state.quantize import block_pieces
 
@@ -59,39 +60,55 @@ def plan_runs(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[s
     return [(0, param.numel(), 1)] if block == 1 else block_pieces(param.numel(), block)
 
 
-def cut_runs(runs, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+def cut_runs(runs, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
              parts: Mapping[str, Mapping[str, Tensor]], rounding_seed: int | None, output: Tensor | None):
     """The arguments of ``step_run`` for each run: ``(param, grad, plain, parts, start, rounding,
     output)``, each tensor over the run's memory (``rounding_seed``: a bfloat16 parameter's
-    stochastic-rounding seed, else None)."""
+    stochastic-rounding seed, else None; ``pairs``: ``bf16_pairs.pairs_in``'s, whose first buffer's
+    parts are the pair's ``words`` and whose second's are empty)."""
+    paired = {specs[i][0]: specs[j][0] for i, j in pairs}
+    seconds = set(paired.values())
     for start, stop, rows in runs:
         shape = (rows, (stop - start) // rows)
 
         def cut(t: Tensor) -> Tensor:
             return alias(t, start, shape)
 
+        run_parts = {b: {"words": words_run(parts[b]["value"], start, shape)} if b in paired
+                     else {} if b in seconds else codec.run_parts(parts[b], start, stop, rows) for b, codec, _ in specs}
         yield (cut(param), cut(grad), {k: cut(v) if v.shape == param.shape else v for k, v in plain.items()},
-               {b: codec.run_parts(parts[b], start, stop, rows) for b, codec, _ in specs},
-               torch.tensor(start, dtype=torch.int64, device=param.device),
+               run_parts, torch.tensor(start, dtype=torch.int64, device=param.device),
                None if rounding_seed is None else rounding_rows([rounding_seed], [start], param.device),
                None if output is None else cut(output))
 
 
-def step_run(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
+def step_run(phase: Phase, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
              parts: Mapping[str, Mapping[str, Tensor]], start: Tensor, rounding: Tensor | None, output: Tensor | None,
              seeds: Tensor, values: Tensor, layout, static) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
     """``fused.coded_step`` on one run (``cut_runs``); ``start``: the run's first element's flat
-    index (0-d), which stochastic rounding's random bits depend on. Returns the reductions' parts and
-    the new parts that the codecs left to store (``Codec.encode_run``), by buffer, for ``store_run``."""
+    index (0-d), which stochastic rounding's random bits depend on; ``pairs``: the ``bf16`` buffers read
+    and written as one word (``gradwise.state.bf16_pairs``), by index into ``specs``. Returns the
+    reductions' parts and the new parts that the codecs left to store (``Codec.encode_run``), by buffer,
+    for ``store_run``."""
     state = dict(plain)
-    for buffer, codec, signed in specs:
-        state[buffer] = codec.decode_run(parts[buffer], signed, state_dtype(param))
+    dtype = state_dtype(param)
+    in_pairs = {k for pair in pairs for k in pair}
+    for i, j in pairs:
+        state[specs[i][0]], state[specs[j][0]] = decode_words(parts[specs[i][0]]["words"], dtype)
+    for k, (buffer, codec, signed) in enumerate(specs):
+        if k not in in_pairs:
+            state[buffer] = codec.decode_run(parts[buffer], signed, dtype)
     reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static,
                         rounding, None if output is None else [output])
+    for i, j in pairs:
+        high, low = specs[i][0], specs[j][0]
+        if high in phase.writes or low in phase.writes:
+            encode_words(parts[high]["words"], state[high] if high in phase.writes else None,
+                         state[low] if low in phase.writes else None, (seeds[i], seeds[j]), start)
     later = {}
-    for i, (buffer, codec, signed) in enumerate(specs):
-        if buffer in phase.writes:
-            later[buffer] = codec.encode_run(state[buffer], parts[buffer], signed, seeds[i], start)
+    for k, (buffer, codec, signed) in enumerate(specs):
+        if buffer in phase.writes and k not in in_pairs:
+            later[buffer] = codec.encode_run(state[buffer], parts[buffer], signed, seeds[k], start)
     return reduced, later
 
 
