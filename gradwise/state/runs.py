@@ -25,6 +25,7 @@ the whole buffer, which computes the update twice.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping
 
 import torch
@@ -77,9 +78,16 @@ def cut_runs(runs, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str
         run_parts = {b: {"words": words_run(parts[b]["value"], start, shape)} if b in paired
                      else {} if b in seconds else codec.run_parts(parts[b], start, stop, rows) for b, codec, _ in specs}
         yield (cut(param), cut(grad), {k: cut(v) if v.shape == param.shape else v for k, v in plain.items()},
-               run_parts, torch.tensor(start, dtype=torch.int64, device=param.device),
+               run_parts, start_tensor(start, param.device),
                None if rounding_seed is None else rounding_rows([rounding_seed], [start], param.device),
                None if output is None else cut(output))
+
+
+@lru_cache(maxsize=4096)
+def start_tensor(start: int, device: torch.device) -> Tensor:
+    """A run's first element's index as the 0-d int64 tensor ``step_run`` reads (made once per value
+    and device: no graph writes it)."""
+    return torch.tensor(start, dtype=torch.int64, device=device)
 
 
 def step_run(phase: Phase, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
