@@ -4,7 +4,8 @@
 eager pieces, compiled flat views and a resumed run. ``seed(step, position, buffer)`` makes the seed a
 function of the step, the parameter's position and the buffer's name, so every buffer of every step
 draws its own bits. Stochastic rounding of parameters (``gradwise.core.rounding``) and of encoded
-state (``gradwise.state``: bf16 values, int8 and int4 codes) draw from both.
+state (``gradwise.state``: int8 and int4 codes) draw from both; bf16 values take ``seed`` with one
+multiplicative hash of their own (``gradwise.state.bf16``: one multiplication an element).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ A bfloat16 parameter keeps 8 significant bits: an update smaller than half a uni
 is lost every step under round-to-nearest, so small learning rates stop training. Rounding up with
 probability equal to the dropped fraction makes the written value unbiased, E[p'] = p + u (Gupta et
 al., "Deep Learning with Limited Numerical Precision", ICML 2015; Zamirai et al., "Revisiting BFloat16
-Training", 2020). The random bits hash (element index, seed) as the bf16 state codec does; the seed is
+Training", 2020). The random bits hash (element index, seed) (``hashing.hash32``); the seed is
 a function of the step and the parameter's position, and the index is the element's place in the
 parameter's memory, so eager pieces, compiled flat views and a resumed run all draw the same bits.
 """

@@ -64,13 +64,14 @@ RECOMPUTE_OPS = 150
 class CompiledCodedStep:
     """``torch.compile`` of ``coded_step`` (or of ``fn``, called with the phase first, as
     ``gradwise.state.runs.step_run`` with ``dynamic=True``), private to one optimizer, with its compiles
-    counted. ``recompute``: graphs of at most ``RECOMPUTE_OPS`` operations compile with ``RECOMPUTE``
-    (a run's step: the decoded state is recomputed in the pass that reduces a block's new scale and in
-    the one that encodes it and updates the parameter, where by default it is stored, a float32 copy
-    written to memory and read back by each loop). The settings are patched around this compile only.
-    The engine does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read
-    and overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes
-    do (``gradwise.state.runs``)."""
+    counted, its graphs called without dynamo's frame hook once compiled (``GuardedGraphs``).
+    ``recompute``: graphs of at most ``RECOMPUTE_OPS`` operations compile with ``RECOMPUTE`` (a run's
+    step: the decoded state is recomputed in the pass that reduces a block's new scale and in the one
+    that encodes it and updates the parameter, where by default it is stored, a float32 copy written to
+    memory and read back by each loop). The settings are patched around this compile only. The engine
+    does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read and
+    overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes do
+    (``gradwise.state.runs``)."""
 
     def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False, recompute: bool = False):
         self.phase = phase
