@@ -147,3 +147,26 @@ def test_stochastic_rounding_keeps_nan_and_inf_and_may_round_past_the_largest():
     y = codec.decode(parts, x.shape, True, torch.float32).view(64, 4)
     assert y[:, 0].isnan().all() and (y[:, 1] == float("inf")).all() and (y[:, 2] == -float("inf")).all()
     assert set(y[:, 3].tolist()) == {largest, float("inf")}  # 1/4 of the way to inf: either, at random
+
+
+def test_the_encoded_step_runs_its_kept_graphs_without_dynamo():
+    """After its first compiled steps, the encoded step calls the graphs dynamo kept (``GuardedGraphs``):
+    with dynamo's compiled function made to fail, later steps still run, to the same numbers."""
+    policy = gradwise.state.StatePolicy("bf16", min_numel=1)
+    kept_params, reference_params = _params(), _params()
+    kept = gradwise.AdamW(kept_params, lr=1e-2, state=policy, compile=True)
+    reference = gradwise.AdamW(reference_params, lr=1e-2, state=policy, compile=True)
+    _train(kept, kept_params, 2)
+    _train(reference, reference_params, 2)
+    steps = list(kept.storage._compiled_runs.values())
+    assert steps
+
+    def refuse(**_):
+        raise AssertionError("called dynamo")
+
+    for step in steps:
+        step._graphs._compiled = refuse
+    _train(kept, kept_params, 3, seed=4)
+    _train(reference, reference_params, 3, seed=4)
+    for a, b in zip(_values(kept, kept_params), _values(reference, reference_params)):
+        assert torch.equal(a, b)
