@@ -37,6 +37,17 @@ def _unpair(opt) -> None:
             state[key] = state[key].clone()
 
 
+def _twins(first: dict, second: dict, **hyper):
+    """Two AdamW optimizers with bf16 state (every parameter) over equal parameters, each with its own
+    keywords: ``(optimizer, parameters)`` for each."""
+    policy = gradwise.state.StatePolicy("bf16", min_numel=1)
+    out = []
+    for own in (first, second):
+        params = _params()
+        out.append((gradwise.AdamW(params, lr=1e-2, state=policy, **hyper, **own), params))
+    return out
+
+
 def _values(opt, params) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params] + [opt.state[p][k].float() for p in params for k in KEYS]
 
@@ -57,10 +68,7 @@ def test_fresh_state_pairs_both_moments_in_one_words_array():
 def test_paired_steps_equal_separate_buffers_bit_for_bit(compile):
     """The words path (one load and one store of both moments) writes the very bits that two separate
     buffers get, stochastic rounding included, over 20 steps and on a run's short last group."""
-    policy = gradwise.state.StatePolicy("bf16", min_numel=1)
-    paired_params, separate_params = _params(), _params()
-    paired = gradwise.AdamW(paired_params, lr=1e-2, weight_decay=0.1, state=policy, compile=compile)
-    separate = gradwise.AdamW(separate_params, lr=1e-2, weight_decay=0.1, state=policy, compile=compile)
+    (paired, paired_params), (separate, separate_params) = _twins({}, {}, weight_decay=0.1, compile=compile)
     _train(paired, paired_params, 1)
     _train(separate, separate_params, 1)
     _unpair(separate)
@@ -72,10 +80,7 @@ def test_paired_steps_equal_separate_buffers_bit_for_bit(compile):
 
 
 def test_compiled_paired_equals_eager():
-    policy = gradwise.state.StatePolicy("bf16", min_numel=1)
-    eager_params, compiled_params = _params(), _params()
-    eager = gradwise.AdamW(eager_params, lr=1e-2, state=policy, compile=False)
-    compiled = gradwise.AdamW(compiled_params, lr=1e-2, state=policy, compile=True)
+    (eager, eager_params), (compiled, compiled_params) = _twins({"compile": False}, {"compile": True})
     _train(eager, eager_params, 12)
     _train(compiled, compiled_params, 12)
     for a, b in zip(_values(eager, eager_params), _values(compiled, compiled_params)):
@@ -152,10 +157,7 @@ def test_stochastic_rounding_keeps_nan_and_inf_and_may_round_past_the_largest():
 def test_the_encoded_step_runs_its_kept_graphs_without_dynamo():
     """After its first compiled steps, the encoded step calls the graphs dynamo kept (``GuardedGraphs``):
     with dynamo's compiled function made to fail, later steps still run, to the same numbers."""
-    policy = gradwise.state.StatePolicy("bf16", min_numel=1)
-    kept_params, reference_params = _params(), _params()
-    kept = gradwise.AdamW(kept_params, lr=1e-2, state=policy, compile=True)
-    reference = gradwise.AdamW(reference_params, lr=1e-2, state=policy, compile=True)
+    (kept, kept_params), (reference, reference_params) = _twins({}, {}, compile=True)
     _train(kept, kept_params, 2)
     _train(reference, reference_params, 2)
     steps = list(kept.storage._compiled_runs.values())
