@@ -123,6 +123,9 @@ def test_words_hold_the_high_and_the_low_buffer():
     words = words_run(high, 8, (14, 8))  # elements 8 .. 119 of the flat buffers
     m, v = decode_words(words, torch.float32)
     assert torch.equal(m.view(-1), a.float().view(-1)[8:120]) and torch.equal(v.view(-1), b.float().view(-1)[8:120])
+    for half, expected in ((high, a), (state[f"v{MARK}bf16.value"], b)):  # a half alone: every other bfloat16
+        run = BF16().run_parts({"value": half}, 8, 120, 14)["value"]
+        assert torch.equal(run, expected.view(-1)[8:120].view(14, 8))
 
 
 def test_a_half_the_phase_does_not_write_keeps_its_bits():

@@ -85,13 +85,8 @@ class BF16(Codec):
         return RUN
 
     def run_parts(self, parts, start, stop, rows):
-        value, shape = parts["value"], (rows, (stop - start) // rows)
-        if value.is_contiguous():
-            return {"value": alias(value, start, shape)}
-        # one half of a pair's words (``gradwise.state.bf16_pairs``): every other bfloat16
-        stride = (2 * shape[1], 2)
-        return {"value": value.new_empty(0).set_(value.untyped_storage(), value.storage_offset() + 2 * start, shape,
-                                                 stride)}
+        value = parts["value"]  # contiguous, or one half of a pair's words (``bf16_pairs``): every other bfloat16
+        return {"value": alias(value, start, (rows, (stop - start) // rows), 1 if value.is_contiguous() else 2)}
 
     def decode_run(self, parts, signed, dtype):
         return parts["value"].to(dtype)

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 from gradwise.core.state_keys import MARK, layout
-from gradwise.state.bf16 import run_index, stochastic_bf16_bits
+from gradwise.state.bf16 import BF16, run_index, stochastic_bf16_bits
 
-TAG = "bf16"
+TAG = BF16.name
 #: a bfloat16 value's bits as the high half of an int32 word
 HIGH = -(1 << 16)
 

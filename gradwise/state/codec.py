@@ -99,11 +99,13 @@ class Codec:
         return self.tag
 
 
-def alias(t: Tensor, offset: int, shape: tuple[int, ...]) -> Tensor:
-    """A contiguous tensor of ``shape`` over the memory of the contiguous ``t`` from its element
-    ``offset`` on. Not a view: dynamo would guard on a view's base, one graph per base shape."""
-    stride = tuple(int(s) for s in torch.empty(shape, device="meta").stride())
-    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset() + offset, shape, stride)
+def alias(t: Tensor, offset: int, shape: tuple[int, ...], every: int = 1) -> Tensor:
+    """A tensor of ``shape`` over the memory of ``t`` from its element ``offset`` on, ``t`` contiguous or,
+    with ``every``, every ``every``-th element of its memory (one half of ``bf16_pairs``' words): then
+    the tensor's strides are ``every`` times a contiguous tensor's. Not a view: dynamo would guard on a
+    view's base, one graph per base shape."""
+    stride = tuple(every * int(s) for s in torch.empty(shape, device="meta").stride())
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset() + every * offset, shape, stride)
 
 
 def check_block_size(argument: str, value: Any) -> int:
