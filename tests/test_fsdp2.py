@@ -119,19 +119,40 @@ def _backward(model, reference, step: int, rank: int) -> None:
     x, y = _batch(step, rank)
     torch.nn.functional.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y).backward()
     if reference is not None:
-        for p, q in zip(model.parameters(), reference.parameters()):
-            q.grad = None if p.grad is None else p.grad.full_tensor()
+        grads = [p.grad for p in model.parameters()]
+        whole = iter(_gathered([g for g in grads if g is not None]))
+        for q, grad in zip(reference.parameters(), grads):
+            q.grad = None if grad is None else next(whole)
 
 
-def _full(p: torch.Tensor) -> torch.Tensor:
+def _gathered(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[t.full_tensor() for t in tensors]`` (detached) in one all-gather over the shard dimension of the
+    first's mesh, not one per tensor: FSDP2 gives rank r rows ``r * c`` to ``(r + 1) * c`` of a dimension-0
+    length n, ``c = ceil(n / world)``; each rank sends its rows padded to c, and a whole tensor is the ranks'
+    rows in order, cut to n. Plain tensors come back as they are."""
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    return p.full_tensor() if isinstance(p, DTensor) else p.detach()
+    if not tensors or not isinstance(tensors[0], DTensor):
+        return [t.detach() for t in tensors]
+    mesh = tensors[0].device_mesh
+    world = mesh.size(mesh.ndim - 1)
+    chunks = [-(-t.shape[0] // world) * t.shape[1:].numel() for t in tensors]
+    local = torch.cat([torch.nn.functional.pad(t.detach().to_local().flatten(), (0, n - t.to_local().numel()))
+                       for t, n in zip(tensors, chunks)])
+    gathered = local.new_empty(world * local.numel())
+    dist.all_gather_into_tensor(gathered, local, group=mesh.get_group(mesh.ndim - 1))
+    gathered, whole, offset = gathered.view(world, -1), [], 0
+    for t, n in zip(tensors, chunks):
+        whole.append(gathered[:, offset:offset + n].reshape(-1)[:t.numel()].reshape(t.shape).clone())
+        offset += n
+    return whole
 
 
 def _assert_close(label: str, what: str, sharded, reference, exact: bool = False) -> None:
-    for (name, p), q in zip(sharded.named_parameters(), reference.parameters()):
-        actual, expected = _full(p), _full(q)
+    names = [name for name, _ in sharded.named_parameters()]
+    for name, actual, expected in zip(names, _gathered(list(sharded.parameters())),
+                                      _gathered(list(reference.parameters()))):
         if exact:
             assert torch.equal(actual, expected), (
                 f"{label}: {what}: {name} differs (max abs diff {(actual - expected).abs().max().item():.3g})"
@@ -218,7 +239,7 @@ def _run_case(label: str, recipe, kwargs: dict, compiled: bool, rank: int, mesh,
     torch.manual_seed(0)
     reference = _mlp().to(dtype)
     model = _shard(copy.deepcopy(reference), mesh)
-    initial = [_full(p).clone() for p in model.parameters()]
+    initial = _gathered(list(model.parameters()))
     _assert_close(label, "initial parameters", model, reference, exact=True)
     rows = [p.to_local().shape[0] for p in model.parameters()]
     expected_rows = [max(0, min(n, (rank + 1) * -(-n // world)) - rank * -(-n // world))
@@ -238,8 +259,8 @@ def _run_case(label: str, recipe, kwargs: dict, compiled: bool, rank: int, mesh,
         optimizer.zero_grad()
         reference_optimizer.zero_grad()
     _assert_close(label, f"parameters after {STEPS} steps", model, reference, exact=exact)
-    for (name, p), before in zip(model.named_parameters(), initial):
-        assert (_full(p).float() - before.float()).abs().max() > 100 * ATOL, f"{label}: {name} barely moved"
+    for (name, _), after, before in zip(model.named_parameters(), _gathered(list(model.parameters())), initial):
+        assert (after.float() - before.float()).abs().max() > 100 * ATOL, f"{label}: {name} barely moved"
     if compiled:
         assert optimizer.compile_stats["compiles"] >= 1, f"{label}: compile=True but nothing was compiled"
 
@@ -328,7 +349,7 @@ def _run_badam(rank: int, mesh) -> None:
     torch.manual_seed(0)
     reference = _mlp()
     model = _shard(copy.deepcopy(reference), mesh)
-    initial = [_full(p).clone() for p in model.parameters()]
+    initial = _gathered(list(model.parameters()))
 
     def build(m):
         return gradwise.BAdam(gradwise.AdamW(m.parameters(), lr=0.01, compile=False), switch_every=3, blocks=2)
@@ -341,8 +362,8 @@ def _run_badam(rank: int, mesh) -> None:
             opt.step()
             opt.zero_grad()
     _assert_close(label, f"parameters after {STEPS} steps", model, reference, exact=True)
-    for (name, p), before in zip(model.named_parameters(), initial):
-        assert (_full(p) - before).abs().max() > 100 * ATOL, f"{label}: {name} barely moved"
+    for (name, _), after, before in zip(model.named_parameters(), _gathered(list(model.parameters())), initial):
+        assert (after - before).abs().max() > 100 * ATOL, f"{label}: {name} barely moved"
     resumed, resumed_optimizer = _resume_from_torch_save(model, optimizer, build, mesh, torch.float32)
     for step in range(STEPS, STEPS + RESUME_STEPS):
         for m, opt in ((model, optimizer), (resumed, resumed_optimizer)):

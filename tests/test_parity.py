@@ -80,7 +80,13 @@ def test_mlp_training_matches_reference(case: Case, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("case", [c for c in CASES if c.compiles], ids=lambda c: c.name)
 def test_compiled_equals_eager(case: Case, dtype):
+    """Every tensor of the bag in float32; in float64 (where a constant computed in float32 would show, at 1e-12)
+    the 0-d, vector, matrix and empty ones: the 4-d and the transposed matrix compile graphs of their own (a rank,
+    a layout) at some seconds each, their float32 graphs checked here and their float64 eager steps by the
+    reference tests above."""
     params = bag_of_tensors(dtype)
+    if dtype == torch.float64:
+        params = [p for p in params if p.dim() < 3 and p.is_contiguous()]
     steps = 20
     compiled_optimizers = []
 
