@@ -10,6 +10,7 @@ like it, each rank encoding its own rows of the logical tensor (``gradwise.state
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,8 +105,19 @@ def alias(t: Tensor, offset: int, shape: tuple[int, ...], every: int = 1) -> Ten
     with ``every``, every ``every``-th element of its memory (one half of ``bf16_pairs``' words): then
     the tensor's strides are ``every`` times a contiguous tensor's. Not a view: dynamo would guard on a
     view's base, one graph per base shape."""
-    stride = tuple(every * int(s) for s in torch.empty(shape, device="meta").stride())
-    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset() + every * offset, shape, stride)
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset() + every * offset, shape,
+                               contiguous_strides(tuple(shape), every))
+
+
+@lru_cache(maxsize=1024)
+def contiguous_strides(shape: tuple[int, ...], every: int = 1) -> tuple[int, ...]:
+    """A contiguous tensor's strides for ``shape``, times ``every`` (computed here: a meta tensor's
+    ``stride()`` costs microseconds at every step of every parameter)."""
+    strides, size = [], every
+    for n in reversed(shape):
+        strides.append(size)
+        size *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def check_block_size(argument: str, value: Any) -> int:
