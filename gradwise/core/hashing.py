@@ -28,6 +28,16 @@ def hash32(index: Tensor, seed: Tensor) -> Tensor:
     return ((h >> 16) & 0xFFFF) ^ h
 
 
+def element_index(x: Tensor, start: int | Tensor = 0) -> Tensor:
+    """The logical index of each element of ``x`` (int32, shaped like it), which its random bits hash: ``start``
+    (the index of ``x``'s first element, a shard's offset; an int or a 0-d integer tensor) plus its flat index;
+    or, for ``rows x width`` runs of several parameters stacked (``gradwise.state.joined``), ``start`` a
+    ``(rows, 1)`` tensor of each row's first index, plus the element's column."""
+    if isinstance(start, Tensor) and start.dim() == 2:
+        return start.to(torch.int32) + torch.arange(x.shape[-1], device=x.device, dtype=torch.int32)
+    return (torch.arange(x.numel(), device=x.device, dtype=torch.int32) + start).view(x.shape)
+
+
 def unsigned(h: Tensor) -> Tensor:
     """An int32 bit pattern as the unsigned value it stands for (int64)."""
     return h.to(torch.int64) & _MASK32

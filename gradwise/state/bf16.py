@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradwise.core.hashing import element_index
 from gradwise.state.codec import Codec, alias
 
 #: float32's quiet-NaN bit, in bfloat16's half
@@ -41,20 +42,15 @@ def stochastic_bf16_bits(x: Tensor, seed: Tensor, index: Tensor) -> Tensor:
     return torch.where(x == x, (bits + noise) & ~0xFFFF, bits | _QUIET)
 
 
-def element_index(x: Tensor, start: int | Tensor = 0) -> Tensor:
-    """The logical index of each element of ``x`` (int32, shaped like it): ``start`` (a shard's offset;
-    an int or a 0-d integer tensor) plus its flat index."""
-    return (torch.arange(x.numel(), device=x.device, dtype=torch.int32) + start).view(x.shape)
-
-
 def run_index(x: Tensor, start: Tensor) -> Tensor:
     """``element_index`` of a run (``gradwise.state.runs``: ``rows x width``, its first element
     ``start``, a multiple of ``RUN``) as groups of ``RUN`` elements: a group's first index plus the
     lanes ``0 .. RUN - 1``. Compiled, a group's index is one number per vector and the lanes a
     constant, where the flat index is built lane by lane at every vector (inductor's ``arange``); a
-    run of fewer than ``RUN`` elements a row is indexed flat."""
+    run of fewer than ``RUN`` elements a row, and stacked runs (``start`` one index a row), are indexed
+    by ``element_index``."""
     rows, width = x.shape
-    if width % RUN:
+    if width % RUN or start.dim() == 2:
         return element_index(x, start)
     groups = torch.arange(rows * width // RUN, device=x.device, dtype=torch.int32).view(rows, width // RUN, 1)
     lanes = torch.arange(RUN, device=x.device, dtype=torch.int32)

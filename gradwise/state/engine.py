@@ -22,6 +22,7 @@ from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.bf16_pairs import pair_buffers, pairs_in
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
+from gradwise.state.joined import Joins, joins
 from gradwise.state.policy import StatePolicy, policy_from
 from gradwise.state.runs import cut_runs, plan_runs, step_run, store_run
 from gradwise.state.shards import LocalShard
@@ -100,13 +101,21 @@ class EncodedState:
             fall_back: Callable[[Exception], None], outputs: list[Tensor] | None = None) -> list[dict[str, Tensor]]:
         """One phase of the step (``core/phases.py``: the whole chain of these parameters' group, a
         route's own chain under ``route()``, unless it runs in phases) for every parameter in ``params``
-        (all with encoded state), one parameter at a time; a batched phase sees a batch of one. Only the
+        (all with encoded state), one parameter at a time (eagerly, small parameters' runs stacked into one:
+        ``gradwise.state.joined``); a batched phase sees a batch of one. Only the
         buffers of the phase are decoded, and only those it writes encoded again. Returns the parts of
         the next phase's reductions. ``fall_back(error)`` is called when a compile fails: it re-raises,
         or the rest runs eagerly. A DTensor parameter steps its local shard eagerly, the same parameter
         on every rank in the same order (``gradwise.state.shards``: encoding it may all-reduce)."""
         wanted = frozenset(phase.state)
         parts_out = []
+
+        def step_stacked(key: tuple, run: tuple, seeds: Tensor) -> None:
+            reduced, later = step_run(phase, *key[:2], *run, seeds, values, layout_, static)
+            store_run(run[3], later)
+            parts_out.append(reduced)
+
+        stacked = Joins(phase, step_stacked)  # small parameters' eager runs, stepped together
         for i, (p, state, position) in enumerate(zip(params, states, positions)):
             plain_keys, encoded = layout(tuple(state))
             encoded = tuple((b, tag) for b, tag in encoded if b in wanted)
@@ -125,7 +134,12 @@ class EncodedState:
                 # a plain buffer written in the graph keeps the decoded state stored (fused.RECOMPUTE)
                 key = (phase, plain.keys().isdisjoint(phase.writes))
                 pairs = pairs_in(specs, parts)
-                for run in cut_runs(runs, specs, pairs, p, inputs[i], plain, parts, param_seed, output):
+                join = not compiled and joins(phase, p, plain, param_seed, output)
+                for (start, _, _), run in zip(runs, cut_runs(runs, specs, pairs, p, inputs[i], plain, parts,
+                                                             param_seed, output)):
+                    if join:
+                        stacked.add((specs, pairs, tuple(plain), run[0].shape[1], p.dtype, p.device), run, start, seeds)
+                        continue
                     (reduced, later), compiled = self._step(self._compiled_runs, key, step_run, (
                         specs, pairs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2, fall_back)
                     store_run(run[3], later)
@@ -138,6 +152,7 @@ class EncodedState:
             reduced, compiled = self._step(self._compiled, (phase, False), coded_step, args, compiled, p.numel() < 2,
                                            fall_back)
             parts_out.append(reduced)
+        stacked.flush()
         return parts_out
 
     def _step(self, graphs: dict[tuple[Phase, bool], CompiledCodedStep], key: tuple[Phase, bool], fn: Callable,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradwise.core.hashing import hash32, unsigned
+from gradwise.core.hashing import element_index, hash32, unsigned
 from gradwise.state.maps import CodeMap
 
 
@@ -34,7 +34,7 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     """Index of the map value nearest to ``x / scale`` (integers, shaped like ``x``); with ``seed``, one
     of the two values around it, rounded stochastically (unbiased: small increments accumulate on
     average instead of being rounded away step after step); ``start``: the flat index of ``x``'s first
-    element (an int or a 0-d integer tensor), which the random bits depend on.
+    element (an int or a 0-d integer tensor; ``hashing.element_index``), which the random bits depend on.
 
     For non-negative buffers, a positive value nearer zero than the smallest positive code rounds up
     to that code: a second moment is never stored as zero while its first moment is not, which would
@@ -48,8 +48,7 @@ def to_codes(x: Tensor, scale: Tensor, code_map: CodeMap, signed: bool, seed: Te
     if seed is None:
         codes = code_map.nearest(normalized)
     else:
-        index = (torch.arange(normalized.numel(), device=normalized.device, dtype=torch.int32) + start)
-        index = index.view(normalized.shape)
+        index = element_index(normalized, start)
         codes = code_map.stochastic(normalized, unsigned(hash32(index, seed)).to(torch.float32) / 2**32)
     if not signed and code_map.zero == 0:
         codes = torch.where((codes == 0) & (normalized > 0), 1, codes)
