@@ -17,6 +17,8 @@ machine the time other processes hold the core does not count, as wall-clock tim
 ``--schedule`` steps every row as an arena trial does (``gradwise.arena.runner.run_trial``): ``train()`` where
 the optimizer has one, ``step()``, then the arena's learning-rate schedule (``submissions.lr_schedule``: linear
 warmup over 5% of the run's steps, then cosine decay), which sets ``lr`` before every step; all three are timed.
+``--state FMT`` builds the gradwise rows with ``state=StatePolicy(FMT, min_numel=...)`` (``--min-numel``, the
+policy's default unless given): the encoded step's overhead beside torch's float32 steps.
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ ROWS = {
 #: the rows run unless ``--rows`` names others
 DEFAULT_ROWS = [row for row in ROWS if row != "gradwise compiled"]
 SMALL = {"100 small": (100, (16, 16)), "1000 small": (1000, (16,))}
+#: ``--state``'s choices
+FORMATS = ("bf16", "int8", "int4", "fp8")
 
 
 def parameter_sets(names: list[str]) -> dict:
@@ -67,12 +71,16 @@ def parameter_sets(names: list[str]) -> dict:
     return sets
 
 
-def build(row: str, params: list):
+def build(row: str, params: list, state=None):
+    """``row``'s optimizer over copies of ``params`` holding fixed random gradients (``state``: a gradwise
+    row's ``state=``)."""
     import torch
 
     import gradwise
 
     library, extra, attributes = ROWS[row]
+    if library == "gradwise" and state is not None:
+        extra = {**extra, "state": state}
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for p, q in zip(copies, params):
         p.grad = torch.randn_like(q)  # fixed gradients, reused every step
@@ -102,9 +110,10 @@ def stepper(optimizer, schedule: bool, total: int):
     return step
 
 
-def measure(params: list, rows: list[str], rounds: int, steps: int, schedule: bool = False) -> dict[str, float]:
+def measure(params: list, rows: list[str], rounds: int, steps: int, schedule: bool = False,
+            state=None) -> dict[str, float]:
     """Median microseconds per step of each row over ``rounds`` rounds."""
-    steppers = {row: stepper(build(row, params), schedule, WARMUP + rounds * steps) for row in rows}
+    steppers = {row: stepper(build(row, params, state), schedule, WARMUP + rounds * steps) for row in rows}
     for step in steppers.values():
         for _ in range(WARMUP):
             step()
@@ -135,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="step as an arena trial does: train(), step(), the arena's warmup-cosine LR schedule")
     parser.add_argument("--rows", default=",".join(DEFAULT_ROWS),
                         help=f"rows, comma-separated, of {list(ROWS)} (torch default is always one)")
+    parser.add_argument("--state", choices=FORMATS, help="the gradwise rows' state format (state=)")
+    parser.add_argument("--min-numel", type=int, metavar="N",
+                        help="with --state: the smallest tensor encoded (StatePolicy's min_numel; else its default)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
+    if args.min_numel is not None and (args.state is None or args.min_numel < 0):
+        parser.error(f"argument --min-numel: {args.min_numel} needs --state and must be >= 0")
     names = args.sets.split(",")
     if bad := [n for n in names if n not in sets]:
         parser.error(f"argument --sets: {bad} not among {sets}")
@@ -145,13 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --rows: {bad} not among {list(ROWS)}")
     import torch
 
+    from gradwise import StatePolicy
+
     torch.set_num_threads(args.threads)
+    state = None
+    if args.state is not None:
+        state = StatePolicy(args.state, **({} if args.min_numel is None else {"min_numel": args.min_numel}))
     how = "trial step (train, step, LR schedule)" if args.schedule else "step"
-    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s); CPU microseconds per {how} (x torch default)")
+    held = "" if state is None else f"; gradwise state {state.default!r}, min_numel {state.min_numel}"
+    print(f"load {os.getloadavg()[0]:.2f}, {args.threads} thread(s){held}; CPU microseconds per {how} "
+          "(x torch default)")
     print(f"{'set':<22}{'params':>8}" + "".join(f"{row:>22}" for row in rows))
     results = {}
     for name, params in parameter_sets(names).items():
-        medians = measure(params, rows, args.rounds, args.steps, args.schedule)
+        medians = measure(params, rows, args.rounds, args.steps, args.schedule, state)
         base = medians["torch default"]
         results[name] = {"tensors": len(params), "numel": sum(p.numel() for p in params), "us_per_step": medians}
         cells = "".join(f"{f'{us:,.0f} ({us / base:.2f}x)':>22}" for us in medians.values())

@@ -58,6 +58,26 @@ def test_overhead_rows_are_chosen_with_torchs_default_always_first(capsys):
     assert "['gradwise turbo'] not among" in capsys.readouterr().err
 
 
+def test_overhead_state_builds_the_gradwise_rows_with_encoded_state(capsys):
+    import torch
+
+    import gradwise
+
+    params = [torch.nn.Parameter(torch.randn(16, 16)) for _ in range(3)]
+    optimizer = bench_overhead.build("gradwise eager", params, gradwise.StatePolicy("bf16", min_numel=0))
+    optimizer.step()
+    assert all(any(key.endswith("@bf16.value") for key in optimizer.state[p]) for p in optimizer.state)
+    assert not bench_overhead.build("torch fused", params, gradwise.StatePolicy("bf16")).state  # torch: as it is
+    assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1", "--rows", "gradwise eager",
+                                "--state", "int8", "--min-numel", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "gradwise state int8-b2048, min_numel 0" in out and next(
+        row for row in out.splitlines() if row.startswith("100 small")).count("x)") == 2
+    with pytest.raises(SystemExit):
+        bench_overhead.main(["--sets", "100 small", "--min-numel", "0"])
+    assert "--min-numel: 0 needs --state" in capsys.readouterr().err
+
+
 def test_overhead_schedule_sets_lr_before_every_step_as_a_trial(capsys):
     import torch
 
