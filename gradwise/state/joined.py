@@ -1,8 +1,8 @@
 """Small parameters' encoded steps, run eagerly as one.
 
 Eagerly, a parameter's encoded step is some 70 tensor operations (decode, the chain, stochastic
-rounding, encode) whatever its size, each costing microseconds of dispatch: on a small model that
-overhead is the step. An elementwise phase gives the same result on any slicing of its tensors
+rounding, encode) whatever its size, each costing microseconds of dispatch: on a model of many small
+tensors that overhead is most of the step. An elementwise phase gives the same result on any slicing of its tensors
 (``core/eager.py``), and a run of whole blocks (``runs.cut_runs``) is ``rows x width`` matrices, one
 block a row. So the runs of several parameters with the same buffers, codecs and width, stacked row on
 row (``torch.cat``), are one run, stepped by one set of operations (``runs.step_run``). Each row keeps
