@@ -29,7 +29,7 @@ from gradwise.core.phases import Phase
 #: a parameter of at most this many elements joins others (above it, dispatch is a small share of its step)
 JOIN_NUMEL = 1 << 15
 #: elements stacked in one join at most: what its copies may add to the step's memory
-JOIN_TOTAL = 1 << 18
+JOIN_TOTAL = 1 << 16
 
 
 def joins(phase: Phase, p: Tensor, plain: Mapping[str, Tensor], rounding_seed: int | None,
