@@ -18,7 +18,9 @@ _SCALAR_OP = re.compile(r"c10::convert<|= (?:float|double)\(")
 
 
 def _compiled_sources(monkeypatch, optimizer_class) -> list[str]:
-    """The generated code of each graph compiled for two steps of ``optimizer_class`` on two parameters."""
+    """The generated code of each graph compiled for two steps of ``optimizer_class`` on two parameters (compiled
+    here: none loaded from the disk store, which would not call the backend)."""
+    monkeypatch.setenv("GRADWISE_GRAPH_CACHE", "0")
     sources = []
     backend = executor.CompiledStep._backend
 

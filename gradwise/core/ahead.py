@@ -14,12 +14,22 @@ lengths today need not be equal tomorrow).
 The entries are read with ``torch._dynamo.eval_frame._debug_get_cache_entry_list``; on a torch without it, every
 call goes through dynamo.
 
+A caller that names a ``store`` (the optimizers' compiled steps do) gets its graphs from disk instead
+(``core/graph_store.py``): a graph stored by an earlier call or process whose guards pass is loaded, without
+tracing; else the graph is compiled with ``aot_compile`` (the same tracing, guards and backend, as one serializable
+object) and stored. The kept entry is then that graph's guard manager and transformed code, as above. Where
+``aot_compile`` fails (a guard torch cannot write), dynamo's own path compiles it; a graph keeping a guard on a
+user's global is not stored (torch rebuilds such a guard at load from the module as it is then), only kept. Past
+dynamo's recompile limit a call is refused here too.
+
 Two costs of each call are not compiled in. Dynamo guards every global the traced code reached: gradwise's own
 modules, functions and classes, torch's, the builtins, ``dataclasses`` (about half the guards of an AdamW graph).
 Those do not change while a process runs, so a guard rooted at one of them is left out (``library_global``; a
 module-level setting of gradwise is read when a graph is compiled); a global of any other module (a transform of a
-user's own) keeps its guard. And dynamo's pre-graph code marks its span for the profiler with two calls around it
-at every call, left out (``record_runtime_overhead``): a profile shows that span as part of the graph call.
+user's own) keeps its guard. Left out too (``left_out``): a module's identity (a module is found by its name) and
+a library function's reached through a link's class (its inherited ``apply``). And dynamo's pre-graph code marks its
+span for the profiler with two calls around it at every call, left out (``record_runtime_overhead``): a profile
+shows that span as part of the graph call.
 
 A Python float the graph is called with (a chain's static hyperparameters: Ranger21's ``beta_softplus``) is compiled
 in as a constant (``specialize_float``), where dynamo's default makes it a 0-d float64 input that the generated loop
@@ -29,15 +39,20 @@ steps reach the graph packed in a tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import re
 import types
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
 from torch.fx.experimental import _config as fx_config
 
+from gradwise.core import graph_store
+
+logger = logging.getLogger("gradwise")
 _cache_entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
 
 #: top-level packages whose globals keep no guards (module docstring)
@@ -60,6 +75,31 @@ def library_global(entry, fn_globals: dict[str, Any]) -> bool:
     return isinstance(module, str) and module.partition(".")[0] in LIBRARY_PACKAGES
 
 
+def _library_object(value: Any) -> bool:
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in LIBRARY_PACKAGES
+
+
+def left_out(entry, fn_globals: dict[str, Any]) -> bool:
+    """Whether ``GuardedGraphs`` leaves a guard out: one rooted at a library global (``library_global``), a module's
+    identity (a module is found by its name), or the identity of a library function reached another way (a link's
+    inherited method, through its class)."""
+    if library_global(entry, fn_globals) or entry.guard_type == "MODULE_MATCH":
+        return True
+    return entry.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH") and entry.has_value and _library_object(entry.value)
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """The settings dynamo traces with here: no duck shapes, no profiler marks, Python floats as constants."""
+    saved, fx_config.use_duck_shape = fx_config.use_duck_shape, False
+    try:
+        with torch._dynamo.config.patch(record_runtime_overhead=False, specialize_float=True):
+            yield
+    finally:
+        fx_config.use_duck_shape = saved
+
+
 class GuardedGraphs:
     """``fn`` compiled with ``backend`` (``fullgraph=True``, ``dynamic`` as given), and the entries dynamo compiled
     for it kept per key (what the caller knows decides the graph: the phase, counts, dtypes, layout) with their
@@ -69,30 +109,74 @@ class GuardedGraphs:
     #: False makes every call go through dynamo, as on a torch that does not show its entries
     ahead = True
 
-    def __init__(self, fn: Callable, backend: Callable, dynamic: bool):
+    def __init__(self, fn: Callable, backend: Callable, dynamic: bool, store: str | None = None):
         self._fn = fn
-        kept = lambda entries: [not library_global(entry, fn.__globals__) for entry in entries]  # noqa: E731
-        self._compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True,
+        self._store = store
+        #: graphs compiled by ``backend`` or loaded from the store; of them, loaded
+        self.compiles = self.loaded = 0
+
+        def counted(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            self.compiles += 1
+            return backend(gm, example_inputs)
+
+        #: whether the last compile kept a guard on a global (read at load from the module as it is then: not stored)
+        self._global_guards = False
+
+        def kept(entries: list) -> list[bool]:
+            keep = [not left_out(entry, fn.__globals__) for entry in entries]
+            self._global_guards = any(k and entry.is_global for k, entry in zip(keep, entries))
+            return keep
+
+        self._compiled = torch.compile(fn, backend=counted, dynamic=dynamic, fullgraph=True,
                                        options={"guard_filter_fn": kept})
         self._defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()
                           if p.default is not inspect.Parameter.empty}
         self._graphs: dict[Hashable, list[tuple[Any, Callable]]] = {}
 
     def __call__(self, key: Hashable, args: dict[str, Any]) -> Any:
-        """``fn(**args)``: by a kept entry for ``key`` whose guards ``args`` pass, else through dynamo."""
+        """``fn(**args)``: by a kept entry for ``key`` whose guards ``args`` pass, else by one from the store (when
+        the caller named one), else through dynamo."""
         frame = {**self._defaults, **args}  # the frame's locals, as the guards read them
         for guards, run in self._graphs.get(key, ()):
             if guards.check(frame):
                 return run(**frame)
-        saved, fx_config.use_duck_shape = fx_config.use_duck_shape, False
-        try:
-            with torch._dynamo.config.patch(record_runtime_overhead=False, specialize_float=True):
-                result = self._compiled(**args)
-        finally:
-            fx_config.use_duck_shape = saved
+        if self._store is not None and self.ahead and _cache_entries is not None and graph_store.enabled():
+            run = self._from_store(key, args, frame)
+            if run is not None:
+                return run(**frame)
+        with _tracing():
+            result = self._compiled(**args)
         if self.ahead and _cache_entries is not None:
             self._keep(key, frame)
         return result
+
+    def _from_store(self, key: Hashable, args: dict[str, Any], frame: dict[str, Any]) -> Callable | None:
+        """A graph for this call from the disk store (``core/graph_store.py``), kept for ``key``: loaded, else
+        compiled ahead of time and written there. None where ``aot_compile`` fails (dynamo's own path then compiles
+        it, or raises what it raised). Past dynamo's recompile limit, refused as dynamo refuses it."""
+        limit = torch._dynamo.config.recompile_limit
+        if sum(map(len, self._graphs.values())) >= limit:
+            raise torch._dynamo.exc.FailOnRecompileLimitHit(
+                f"{self._fn.__name__}: {limit} graphs already (torch._dynamo.config.recompile_limit)")
+        where = graph_store.folder(self._store, key)
+        entry = graph_store.load(where, self._fn.__globals__, frame)
+        if entry is not None:
+            self.compiles += 1
+            self.loaded += 1
+        else:
+            before = self.compiles
+            try:
+                with _tracing():
+                    compiled = self._compiled.aot_compile(((), args))
+            except Exception as error:
+                logger.debug("aot_compile of %s failed (%s); compiling through dynamo", self._fn.__name__, error)
+                self.compiles = before
+                return None
+            if not self._global_guards:
+                graph_store.save(where, compiled)
+            entry = graph_store.guards_and_code(compiled)
+        self._graphs.setdefault(key, []).append(entry)
+        return entry[1]
 
     def _keep(self, key: Hashable, frame: dict[str, Any]) -> None:
         """Keep the entry dynamo ran ``frame`` by (none, where it ran the function eagerly): its guard manager and

@@ -179,13 +179,13 @@ class CompiledStep:
     the same calls step after step: ``prepare`` makes their arguments once and ``run_prepared`` adds the
     new gradients, where a call otherwise aliases, pads and gathers every tensor again.
     Each instance compiles a private copy of the step function, so optimizers never share (or
-    exhaust) one recompile budget. ``compiles`` counts graph compilations and ``compile_seconds``
-    adds up the wall time of the calls that compiled (tracing, code generation and that first run).
+    exhaust) one recompile budget. ``compiles`` counts graphs compiled (or loaded from the disk store:
+    ``core/graph_store.py``) and ``compile_seconds`` adds up the wall time of the calls that compiled (tracing,
+    code generation and that first run).
     """
 
     def __init__(self, phase: Phase):
         self.phase = phase
-        self.compiles = 0
         self.compile_seconds = 0.0
         self.done = 0
         self._compiled_for: set[tuple] = set()
@@ -193,14 +193,19 @@ class CompiledStep:
         self._aliases: dict[int, tuple[weakref.ref, Tensor]] = {}
         # symbolic sizes: an elementwise chain compiles once for 1-D tensors of any length, any other chain
         # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
-        self._graphs = GuardedGraphs(private_copy(run_chain_once), self._backend, dynamic=True)
+        self._graphs = GuardedGraphs(private_copy(run_chain_once), self._backend, dynamic=True,
+                                     store="executor.run_chain_once")
+
+    @property
+    def compiles(self) -> int:
+        """Graphs compiled (or loaded from the disk store)."""
+        return self._graphs.compiles
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
         the graph runs, and checking them again costs a call per tensor at every graph call."""
         from torch._inductor.compile_fx import compile_fx
 
-        self.compiles += 1
         return compile_fx(gm, example_inputs, config_patches={"size_asserts": False})
 
     def _flat(self, t: Tensor) -> Tensor:
@@ -305,7 +310,7 @@ class CompiledStep:
     def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
         """One graph call on arguments as the graph takes them, compiling first if none takes them."""
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
-        before = self.compiles
+        before, loaded = self.compiles, self._graphs.loaded
         start = time.perf_counter()
         args = {"phase": self.phase, "params": params, "inputs": grads, "state": state, "values": values,
                 "layout": layout, "static": static, "rounding": rounding, "outputs": outputs}
@@ -317,7 +322,8 @@ class CompiledStep:
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
-            logger.info("compiled %r for %d %s tensors on %s in %.2f s", self.phase, len(params),
+            logger.info("%s %r for %d %s tensors on %s in %.2f s",
+                        "loaded" if self._graphs.loaded != loaded else "compiled", self.phase, len(params),
                         params[0].dtype, params[0].device, seconds)
         return parts
 

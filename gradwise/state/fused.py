@@ -76,16 +76,20 @@ class CompiledCodedStep:
     def __init__(self, phase: Phase, fn: Callable = coded_step, dynamic: bool = False, recompute: bool = False):
         self.phase = phase
         self.recompute = recompute
-        self.compiles = 0
         self.compile_seconds = 0.0
         self._names = tuple(inspect.signature(fn).parameters)
-        self._graphs = GuardedGraphs(private_copy(fn), self._backend, dynamic)
+        self._graphs = GuardedGraphs(private_copy(fn), self._backend, dynamic,
+                                     store=f"{fn.__module__}.{fn.__qualname__}, recompute={recompute}")
+
+    @property
+    def compiles(self) -> int:
+        """Graphs compiled (or loaded from the disk store: ``gradwise.core.graph_store``)."""
+        return self._graphs.compiles
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
 
-        self.compiles += 1
         operations = sum(node.op == "call_function" for node in gm.graph.nodes)
         if self.recompute and operations <= RECOMPUTE_OPS:
             with config.patch(RECOMPUTE):
@@ -93,10 +97,11 @@ class CompiledCodedStep:
         return compile_fx(gm, example_inputs)
 
     def __call__(self, *args: Any) -> Any:
-        before, start = self.compiles, time.perf_counter()
+        before, loaded, start = self.compiles, self._graphs.loaded, time.perf_counter()
         reduced = self._graphs(None, dict(zip(self._names, (self.phase, *args))))
         if self.compiles != before:
             seconds = time.perf_counter() - start
             self.compile_seconds += seconds
-            logger.info("compiled %r with encoded state in %.2f s", self.phase, seconds)
+            logger.info("%s %r with encoded state in %.2f s",
+                        "loaded" if self._graphs.loaded != loaded else "compiled", self.phase, seconds)
         return reduced
