@@ -237,9 +237,10 @@ def test_unreadable_entries_are_skipped(store):
 def test_a_folder_keeps_at_most_its_entries(store, monkeypatch):
     monkeypatch.setattr(graph_store, "ENTRIES", 2)
     graphs = graphs_of(Counting())
-    for dtype in (torch.float32, torch.float64, torch.float16):
-        graphs("key", {"x": torch.zeros(4, dtype=dtype), "y": torch.ones(4, dtype=dtype)})
-    assert graphs.compiles == 3 and len(stored(store)) == 2
+    # one folder (float32 vectors), three graphs: a length of 1 and a stride of 2 fail the others' guards
+    for x in (torch.zeros(4), torch.zeros(1), torch.zeros(8)[::2]):
+        graphs("key", {"x": x, "y": torch.ones_like(x)})
+    assert graphs.compiles == 3 and len(stored(store)) == 2 and len({path.parent for path in stored(store)}) == 1
 
 
 def test_zero_stores_nothing_and_compiles_in_process(store, monkeypatch):
@@ -252,12 +253,17 @@ def test_zero_stores_nothing_and_compiles_in_process(store, monkeypatch):
     assert torch.equal(x, torch.full((4,), 4.0)) and backend.graphs == 1 and not store.exists()
 
 
-def test_the_folder_follows_the_settings_and_the_key():
+def test_the_folder_follows_the_settings_the_key_and_the_tensors():
+    def folder(name="name", key=("key",), x=torch.zeros(3, 4), dynamic=True):
+        return graph_store.folder(name, key, {"x": x, "n": 2}, dynamic)
+
     with torch._inductor.config.patch(fallback_random=not torch._inductor.config.fallback_random):
-        patched = graph_store.folder("name", ("key",))
-    assert graph_store.folder("name", ("key",)) == graph_store.folder("name", ("key",)) != patched
-    assert graph_store.folder("name", ("key",)) != graph_store.folder("name", ("other",))
-    assert graph_store.folder("name", ("key",)) != graph_store.folder("other", ("key",))
+        patched = folder()
+    assert folder() == folder() != patched
+    assert folder() != folder(key=("other",)) and folder() != folder(name="other")
+    assert folder() == folder(x=torch.zeros(5, 2)) != folder(x=torch.zeros(3, 4, dtype=torch.float64))
+    assert folder() != folder(x=torch.zeros(12))
+    assert folder(dynamic=False) != folder(x=torch.zeros(5, 2), dynamic=False)
 
 
 def test_past_the_recompile_limit_a_call_is_refused_and_changes_nothing(store, monkeypatch):

@@ -111,7 +111,7 @@ class GuardedGraphs:
 
     def __init__(self, fn: Callable, backend: Callable, dynamic: bool, store: str | None = None):
         self._fn = fn
-        self._store = store
+        self._store, self._dynamic = store, dynamic
         #: graphs compiled by ``backend`` or loaded from the store; of them, loaded
         self.compiles = self.loaded = 0
 
@@ -158,7 +158,7 @@ class GuardedGraphs:
         if sum(map(len, self._graphs.values())) >= limit:
             raise torch._dynamo.exc.FailOnRecompileLimitHit(
                 f"{self._fn.__name__}: {limit} graphs already (torch._dynamo.config.recompile_limit)")
-        where = graph_store.folder(self._store, key)
+        where = graph_store.folder(self._store, key, frame, self._dynamic)
         entry = graph_store.load(where, self._fn.__globals__, frame)
         if entry is not None:
             self.compiles += 1

@@ -10,8 +10,9 @@ process or another, loads it, and uses it only where
 
 - it was written by this torch and this Python (torch checks, at load);
 - the folder's key matches: the caller's name and key (``GuardedGraphs``' key: the phase, counts, dtypes, layout),
-  this gradwise's source (every ``.py`` file of the package), this machine's vector instruction set, and
-  inductor's, dynamo's and AOTAutograd's settings as they are now;
+  the call's tensors' dtypes and ranks (and sizes, for static shapes), this gradwise's source (every ``.py`` file
+  of the package), this machine's vector instruction set, and inductor's, dynamo's and AOTAutograd's settings as
+  they are now;
 - every source the tracing read outside gradwise and torch (a transform of the user's own) is unchanged, its whole
   module compared;
 - its guards, every one dynamo made but those ``GuardedGraphs`` leaves out (``left_out``), pass on the call's
@@ -97,11 +98,25 @@ def _settings() -> str:
     return _canonical([config.save_config_portable() for config in configs])
 
 
-def folder(name: str, key: Hashable) -> Path:
-    """The folder of graphs for calls of ``name`` (the caller's function and backend) with ``key``."""
+def signature(value: Any, dynamic: bool) -> Any:
+    """What a graph needs of a call's tensors, whatever its guards add: each one's dtype, device type and rank, and,
+    for a graph of static shapes, its sizes and strides, through lists, tuples and dicts (a call's locals)."""
+    if isinstance(value, torch.Tensor):
+        shape = (value.dim(),) if dynamic else (tuple(value.shape), value.stride())
+        return (str(value.dtype), value.device.type, *shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(signature(v, dynamic) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, signature(v, dynamic)) for k, v in value.items())
+    return None
+
+
+def folder(name: str, key: Hashable, frame: dict[str, Any], dynamic: bool) -> Path:
+    """The folder of graphs for calls of ``name`` (the caller's function and backend) with ``key`` on tensors like
+    ``frame``'s (``signature``)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    text = _canonical((FORMAT, name, key, _package_digest(), _machine(), _settings()))
+    text = _canonical((FORMAT, name, key, signature(frame, dynamic), _package_digest(), _machine(), _settings()))
     named = os.environ.get(ENV, "")
     root = Path(named) if named not in ("", "1") else Path(cache_dir()) / "gradwise-graphs"
     return root / hashlib.sha256(text.encode()).hexdigest()[:32]
