@@ -233,3 +233,25 @@ def test_a_tiny_positive_second_moment_is_stored_as_the_smallest_code_not_zero(c
 def test_empty_buffers_encode_and_decode(codec, signed, shape):
     y = roundtrip(codec, torch.zeros(shape), signed)
     assert y.shape == shape
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "non-negative"])
+@pytest.mark.parametrize("codec", [*CODECS, Int8(rounding="stochastic"), Int4(rounding="stochastic"), BF16(), *FP8],
+                         ids=repr)
+@pytest.mark.parametrize("shape", [(1,), (6,), (2049,), (64, 33), (7, 6), (3, 5, 4), (0,), (4, 0)], ids=str)
+def test_fresh_zeros_are_the_parts_that_encoding_zeros_writes(codec, signed, shape):
+    """``Codec.zeros`` (fresh state, filled where the parts of zeros are constants) is what encoding zeros writes,
+    bit for bit, whatever the seed; and ``store`` writes the same for zeros."""
+    from gradwise.state.store import store
+
+    shape = torch.Size(shape)
+    for seed in (SEED, torch.tensor(7)):
+        encoded = codec.empty(shape, signed, torch.device("cpu"))
+        codec.encode(torch.zeros(shape), encoded, signed, seed)
+        filled = codec.zeros(shape, signed, torch.device("cpu"))
+        assert filled.keys() == encoded.keys()
+        assert all(torch.equal(filled[k].view(torch.uint8), encoded[k].view(torch.uint8)) for k in encoded)
+    state = {}
+    store(state, "m", torch.zeros(shape), codec, signed, 3)
+    assert all(torch.equal(t.view(torch.uint8), encoded[k.rsplit(".", 1)[1]].view(torch.uint8))
+               for k, t in state.items())

@@ -76,6 +76,9 @@ class BF16(Codec):
     def empty(self, shape, signed, device, shard=None):
         return {"value": torch.zeros(shape, dtype=torch.bfloat16, device=device)}
 
+    def zeros(self, shape, signed, device):
+        return self.empty(shape, signed, device)  # zero rounds to zero, whatever the bits drawn
+
     def encode(self, x, parts, signed, seed, shard=None):
         start = 0 if shard is None else shard.offset
         parts["value"].copy_(round_to_bf16_stochastically(x.float(), seed, element_index(x, start)))

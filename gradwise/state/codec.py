@@ -61,6 +61,13 @@ class Codec:
                shard: LocalShard | None = None) -> Tensor:
         raise NotImplementedError
 
+    def zeros(self, shape: torch.Size, signed: bool, device: torch.device) -> dict[str, Tensor]:
+        """The parts ``encode`` writes for a buffer of zeros (fresh state, any seed): here by encoding them; a codec
+        whose parts for zeros are constants fills them instead (``tests/test_state_codecs.py``: the same bits)."""
+        parts = self.empty(shape, signed, device)
+        self.encode(torch.zeros(shape, device=device), parts, signed, torch.zeros((), dtype=torch.int64, device=device))
+        return parts
+
     def run_width(self, shape: torch.Size, signed: bool) -> int | None:
         """For the step on runs of the flat buffer (``gradwise.state.runs``): runs of a buffer of
         ``shape`` must start at multiples of this many elements (its block; 1: anywhere); None when a

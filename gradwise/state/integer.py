@@ -73,6 +73,7 @@ class Quantized(Codec):
         #: the code map of signed and of non-negative buffers, built here (not while compiling a step)
         self.maps = {signed: self.code_map(layout[1], signed)
                      for signed, layout in ((True, self.signed_layout), (False, self.unsigned_layout))}
+        self._zero_bytes: dict[tuple[bool, bool], int] = {}
 
     def code_map(self, kind: str, signed: bool):
         """The map of ``kind`` (a layout's second field) for signed or non-negative buffers."""
@@ -104,6 +105,24 @@ class Quantized(Codec):
         else:
             parts["absmax"] = torch.zeros(n_blocks(numel, self.block_size), dtype=torch.float32, device=device)
         return parts
+
+    def zeros(self, shape, signed, device):
+        """Every code byte the map's code of 0 (two codes of 0 a byte at 4 bits), every scale 0; a 4-bit buffer of
+        odd length (its last byte half padding) is encoded."""
+        if self.bits == 4 and shape.numel() % 2:
+            return super().zeros(shape, signed, device)
+        rank1 = self.layout(shape, signed)[0]
+        parts = self.empty(shape, signed, device)
+        parts["codes"].fill_(self._zero_byte(signed, rank1))
+        return parts
+
+    def _zero_byte(self, signed: bool, rank1: bool) -> int:
+        """The code byte of zeros, read from encoding a 2 x 2 (rank-1 scales) or 2-element buffer of zeros."""
+        key = (signed, rank1)
+        if key not in self._zero_bytes:
+            shape = torch.Size((2, 2) if rank1 else (2,))
+            self._zero_bytes[key] = int(super().zeros(shape, signed, torch.device("cpu"))["codes"][0])
+        return self._zero_bytes[key]
 
     def _empty_on_shard(self, shard, signed, device):
         """A DTensor parameter's local parts, rows first (``gradwise.state.shards``)."""

@@ -25,11 +25,19 @@ def store(state: dict[str, Tensor], buffer: str, value: Tensor, codec: Codec | N
         state[buffer] = value
         return
     x = local(value)
-    parts = codec.empty(x.shape, signed, x.device, shard)
-    codec.encode(x, parts, signed, torch.tensor(seed_value, dtype=torch.int64, device=x.device), shard)
+    if shard is None and _zero_bits(x):  # fresh state: its parts are known without encoding
+        parts = codec.zeros(x.shape, signed, x.device)
+    else:
+        parts = codec.empty(x.shape, signed, x.device, shard)
+        codec.encode(x, parts, signed, torch.tensor(seed_value, dtype=torch.int64, device=x.device), shard)
     whole = () if shard is None else codec.replicated_parts(shard.shape, signed)
     for part, tensor in parts.items():
         state[f"{buffer}{MARK}{codec.tag}.{part}"] = tensor if shard is None else shard.dtensor(tensor, part in whole)
+
+
+def _zero_bits(x: Tensor) -> bool:
+    """Whether every element of ``x`` is +0 (its bits all zero; -0 is not: bfloat16 keeps its sign)."""
+    return x.dim() > 0 and x.is_contiguous() and not x.view(torch.uint8).any()
 
 
 def take(state: dict[str, Tensor], buffer: str, shape: torch.Size, signed: bool, dtype: torch.dtype,
