@@ -1,7 +1,8 @@
 """``GuardedGraphs`` (``core/ahead.py``): dynamo's entries run without its frame hook where their guards pass,
-another is compiled where none does, past dynamo's recompile limit a call is refused (``fullgraph``), a global the chain
-reads is guarded (the library's own globals are not), kept entries outlive ``torch._dynamo.reset()``, and the path
-through dynamo at every call (a torch that does not show its entries) steps an optimizer to the same numbers."""
+another is compiled where none does, past dynamo's recompile limit a call is refused (``fullgraph``; on the disk
+store's path too), a global the chain reads is guarded (the library's own globals are not), kept entries outlive
+``torch._dynamo.reset()``, and the path through dynamo at every call (a torch that does not show its entries) steps
+an optimizer to the same numbers."""
 from __future__ import annotations
 
 import sys
@@ -56,10 +57,12 @@ def test_one_graph_serves_every_length_and_another_is_compiled_where_the_guards_
     assert backend.graphs == 2
 
 
-def test_past_the_recompile_limit_a_call_is_refused_and_changes_nothing(monkeypatch):
+@pytest.mark.parametrize("store", [None, "tests.scaled_sum"], ids=["in-process", "disk store"])
+def test_past_the_recompile_limit_a_call_is_refused_and_changes_nothing(store, monkeypatch, tmp_path):
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setenv("GRADWISE_GRAPH_CACHE", str(tmp_path))
     backend = Counting()
-    graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True)
+    graphs = GuardedGraphs(private_copy(scaled_sum), backend, dynamic=True, store=store)
     graphs("key", {"x": torch.randn(5), "y": torch.randn(5)})
     x, y = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     before = x.clone()

@@ -1,8 +1,9 @@
 """The disk store of compiled graphs (``core/graph_store.py``): a graph compiled once is loaded by a later optimizer,
 in this process or another, and steps to the same bits; a stored graph is used only where its guards pass and the
 user's sources it traced are unchanged; a graph that guards a user's global is not stored; unreadable entries are
-skipped; a folder keeps at most ``ENTRIES``; ``GRADWISE_GRAPH_CACHE=0`` stores nothing; past dynamo's recompile
-limit a call is refused. Each test stores in a folder of its own (``GRADWISE_GRAPH_CACHE``)."""
+skipped; a folder keeps at most ``ENTRIES``; ``GRADWISE_GRAPH_CACHE=0`` stores nothing (past dynamo's recompile
+limit a call is refused: ``tests/test_ahead.py``). Each test stores in a folder of its own
+(``GRADWISE_GRAPH_CACHE``)."""
 from __future__ import annotations
 
 import importlib
@@ -21,6 +22,8 @@ from gradwise import Optimizer, chain, scale_by_learning_rate
 from gradwise.core import graph_store
 from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.executor import private_copy
+from tests import test_ahead
+from tests.test_ahead import Counting, flip_by_global, scaled_sum
 
 pytestmark = pytest.mark.slow
 
@@ -36,25 +39,6 @@ def store(tmp_path, monkeypatch) -> Path:
 
 def stored(folder: Path) -> list[Path]:
     return sorted(folder.glob("*/*.graph")) if folder.exists() else []
-
-
-def scaled_sum(x, y, scale=2.0):
-    """x <- x + scale y, in place; returns the sum of x."""
-    x.add_(y * scale)
-    return x.sum()
-
-
-class Counting:
-    """A backend that counts its graphs and compiles them with inductor."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx
-
-        self.graphs += 1
-        return compile_fx(gm, example_inputs)
 
 
 def graphs_of(backend) -> GuardedGraphs:
@@ -188,19 +172,6 @@ def test_a_graph_is_not_loaded_once_a_user_module_it_traced_changes(store, tmp_p
     assert len(stored(store)) == 2  # the second compiled anew, beside the first
 
 
-#: read by ``flip_by_global`` when it is traced
-FLIP = False
-
-
-class flip_by_global(gradwise.Transform):
-    """u <- -u where the module's global ``FLIP`` is true, else u."""
-
-    name = "by_global"
-
-    def update(self, updates, state, ctx):
-        return [-u if FLIP else u for u in updates]
-
-
 def test_a_graph_that_guards_a_user_global_is_not_stored_and_the_global_is_still_guarded(store, monkeypatch):
     """Torch rebuilds a loaded graph's guards on a module's attribute from the module as it is at load: such a
     graph could not tell ``FLIP`` changed, so it is kept in the process only."""
@@ -209,7 +180,7 @@ def test_a_graph_that_guards_a_user_global_is_not_stored_and_the_global_is_still
     for p in params:
         p.grad = torch.ones(6)
     optimizer.step()
-    monkeypatch.setattr(sys.modules[__name__], "FLIP", True)
+    monkeypatch.setattr(test_ahead, "FLIP", True)
     optimizer.step()
     again = [torch.nn.Parameter(torch.ones(6)) for _ in range(3)]
     fresh = Optimizer(again, chain(flip_by_global(), scale_by_learning_rate()), lr=0.5, compile=True)
@@ -264,18 +235,6 @@ def test_the_folder_follows_the_settings_the_key_and_the_tensors():
     assert folder() == folder(x=torch.zeros(5, 2)) != folder(x=torch.zeros(3, 4, dtype=torch.float64))
     assert folder() != folder(x=torch.zeros(12))
     assert folder(dynamic=False) != folder(x=torch.zeros(5, 2), dynamic=False)
-
-
-def test_past_the_recompile_limit_a_call_is_refused_and_changes_nothing(store, monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    backend = Counting()
-    graphs = graphs_of(backend)
-    graphs("key", {"x": torch.randn(5), "y": torch.randn(5)})
-    x, y = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
-    before = x.clone()
-    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
-        graphs("key", {"x": x, "y": y})
-    assert torch.equal(x, before) and backend.graphs == 1
 
 
 def _entry(guard_type: str, value, name="L['phase']._links[1][1].apply", is_global=False):
