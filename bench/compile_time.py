@@ -2,8 +2,9 @@
 """The first-step benchmark (``python bench/compile_time.py``): seconds of each recipe's first compiled step in a
 new process, cold (its graphs not yet in inductor's on-disk cache) and warm (a second process, the same cache).
 
-Each run uses one fresh inductor cache folder (``TORCHINDUCTOR_CACHE_DIR``, removed afterwards). A first process
-compiles a one-line function there, so that inductor's one-time start-up in a new cache folder (it builds and
+Each run uses one fresh inductor cache folder (``TORCHINDUCTOR_CACHE_DIR``, removed afterwards), which holds
+gradwise's stored graphs too (``gradwise.core.graph_store``; ``GRADWISE_GRAPH_CACHE=0`` keeps them off). A first
+process compiles a one-line function there, so that inductor's one-time start-up in a new cache folder (it builds and
 loads small probe libraries for each vector instruction set) is paid once and reported on its own line, as a
 user pays it once per machine. Then, for each recipe, two processes in turn build it with ``compile=True`` on the
 GPT-2-shaped set of ``--size`` (fixed random gradients, ``torch.set_num_threads`` as ``--threads``) and time
@@ -82,6 +83,8 @@ def start_up() -> dict:
 def _child(args: list[str], cache: str) -> dict:
     """Run this script with ``args`` in a new process on the ``cache`` folder; its one line of JSON."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    if env.get("GRADWISE_GRAPH_CACHE") != "0":  # gradwise's stored graphs in that cache folder too
+        env.pop("GRADWISE_GRAPH_CACHE", None)
     done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"bench/compile_time.py {' '.join(args)} failed:\n{done.stderr[-4000:]}")

@@ -280,19 +280,25 @@ def _phase_timers(on: bool):
 @contextlib.contextmanager
 def _inductor_cache(warm: bool):
     """Unless ``warm``, compile into a fresh, empty inductor cache (removed afterwards), so the compile
-    seconds are those of a cold compile. The variable is read when inductor first needs its cache."""
+    seconds are those of a cold compile; gradwise's stored graphs go there too (a folder that
+    ``GRADWISE_GRAPH_CACHE`` names is set aside meanwhile; ``0`` keeps the store off). The variables are
+    read when inductor first needs its cache and at each graph compiled."""
     if warm:
         yield
         return
-    previous, directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), tempfile.mkdtemp(prefix="gradwise-bench-")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "GRADWISE_GRAPH_CACHE")
+    previous, directory = {name: os.environ.get(name) for name in names}, tempfile.mkdtemp(prefix="gradwise-bench-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    if previous["GRADWISE_GRAPH_CACHE"] != "0":
+        os.environ.pop("GRADWISE_GRAPH_CACHE", None)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -3,6 +3,7 @@ that names a measurement runs that measurement alone."""
 from __future__ import annotations
 
 import math
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from bench import memory as bench_memory
 from bench import overhead as bench_overhead
+from bench import step as bench_step
 
 #: the scripts: every bench/*.py but the parts named _*.py (bench/__init__.py says so)
 SCRIPTS = sorted(s for s in (Path(__file__).resolve().parents[1] / "bench").glob("*.py") if not s.name.startswith("_"))
@@ -98,3 +100,20 @@ def test_overhead_schedule_sets_lr_before_every_step_as_a_trial(capsys):
     assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1", "--schedule"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
     assert line.count("x)") == len(bench_overhead.DEFAULT_ROWS) and "(1.00x)" in line
+
+
+@pytest.mark.parametrize("named", ["/somewhere/graphs", "0", None], ids=["a folder", "off", "unset"])
+def test_a_cold_step_bench_compiles_into_a_fresh_cache_with_the_stored_graphs_there(named, monkeypatch):
+    """``bench/step.py`` without ``--warm-cache``: inductor's cache and gradwise's stored graphs in a fresh folder (a
+    folder ``GRADWISE_GRAPH_CACHE`` names is set aside, ``0`` kept: the store stays off), and both restored after."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/usual/cache")
+    if named is None:
+        monkeypatch.delenv("GRADWISE_GRAPH_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("GRADWISE_GRAPH_CACHE", named)
+    with bench_step._inductor_cache(warm=False):
+        fresh = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert fresh.is_dir() and not any(fresh.iterdir())
+        assert os.environ.get("GRADWISE_GRAPH_CACHE") == ("0" if named == "0" else None)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/usual/cache" and not fresh.exists()
+    assert os.environ.get("GRADWISE_GRAPH_CACHE") == named
