@@ -9,7 +9,8 @@ loads small probe libraries for each vector instruction set) is paid once and re
 user pays it once per machine. Then, for each recipe, two processes in turn build it with ``compile=True`` on the
 GPT-2-shaped set of ``--size`` (fixed random gradients, ``torch.set_num_threads`` as ``--threads``) and time
 its first step (tracing, compiling or loading the graphs, and the step) and its second (compiled, for
-comparison); the graphs and their seconds come from ``optimizer.compile_stats``. A graph two recipes share
+comparison); the graphs and their seconds come from ``optimizer.compile_stats``, and so does how many of its graphs
+the warm process loaded from gradwise's store (``loaded``). A graph two recipes share
 (none of the rows today) would be warm for the second. On Linux each row also has the first step's peak memory
 (the resident set's high-water mark, reset just before the step, less the resident set then; the processes run
 with ``MALLOC_MMAP_THRESHOLD_=65536``, so that memory freed is given back and the mark follows live tensors) and
@@ -66,9 +67,9 @@ def first_steps(recipe: str, size: str, threads: int) -> dict:
     first = timed_step()
     peak = peak_rss_mb(scope) - before if scope == "trial" and before is not None else None
     second = timed_step()
-    stats = getattr(optimizer, "compile_stats", {"compiles": 0, "seconds": 0.0})
-    return {"first_s": first, "second_s": second, "graphs": stats["compiles"], "compile_s": stats["seconds"],
-            "first_peak_mib": peak}
+    stats = getattr(optimizer, "compile_stats", {"compiles": 0, "seconds": 0.0, "loaded": 0})
+    return {"first_s": first, "second_s": second, "graphs": stats["compiles"], "loaded": stats["loaded"],
+            "compile_s": stats["seconds"], "first_peak_mib": peak}
 
 
 def start_up() -> dict:
@@ -116,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         torch_peak = torch_row["first_peak_mib"]
         print(f"torch.optim.AdamW(fused=True)'s first step: {torch_row['first_s']:.2f} s, peak "
               + ("not measured (no /proc/self/clear_refs)" if torch_peak is None else f"+{torch_peak:.0f} MiB"))
-        print(f"{'recipe':<20}{'cold first step s':>19}{'warm first step s':>19}{'graphs':>8}"
+        print(f"{'recipe':<20}{'cold first step s':>19}{'warm first step s':>19}{'graphs':>8}{'loaded':>8}"
               f"{'compiled step ms':>18}{'first step peak MiB':>21}{'x torch':>9}")
         for recipe in args.recipes:
             cold, warm = (_child(["--child", recipe, *common], cache) for _ in range(2))
             results["rows"][recipe] = {"cold": cold, "warm": warm}
             peak = cold["first_peak_mib"]
             peak_text = ("-", "-") if peak is None or not torch_peak else (f"{peak:.0f}", f"{peak / torch_peak:.2f}")
-            print(f"{recipe:<20}{cold['first_s']:>19.2f}{warm['first_s']:>19.2f}{cold['graphs']:>8}"
+            print(f"{recipe:<20}{cold['first_s']:>19.2f}{warm['first_s']:>19.2f}{cold['graphs']:>8}{warm['loaded']:>8}"
                   f"{warm['second_s'] * 1e3:>18.1f}{peak_text[0]:>21}{peak_text[1]:>9}", flush=True)
     finally:
         shutil.rmtree(cache, ignore_errors=True)

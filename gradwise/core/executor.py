@@ -201,6 +201,11 @@ class CompiledStep:
         """Graphs compiled (or loaded from the disk store)."""
         return self._graphs.compiles
 
+    @property
+    def loaded(self) -> int:
+        """Of ``compiles``, the graphs loaded from the disk store."""
+        return self._graphs.loaded
+
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before
         the graph runs, and checking them again costs a call per tensor at every graph call."""

@@ -301,10 +301,13 @@ class Optimizer(SteadyStep, torch.optim.Optimizer):
     # ----------------------------------------------------------------- introspection
     @property
     def compile_stats(self) -> dict[str, float]:
-        """``{"compiles": n, "seconds": s}``: graphs compiled so far and the wall time they took."""
-        compiles, seconds = self.storage.compile_stats
-        return {"compiles": compiles + sum(c.compiles for c in self._compiled.values()),
-                "seconds": seconds + sum(c.compile_seconds for c in self._compiled.values())}
+        """``{"compiles": n, "seconds": s, "loaded": k}``: graphs compiled so far (or loaded from the disk store:
+        ``core/graph_store.py``), the wall time they took, and how many of them were loaded."""
+        compiles, seconds, loaded = self.storage.compile_stats
+        steps = self._compiled.values()
+        return {"compiles": compiles + sum(c.compiles for c in steps),
+                "seconds": seconds + sum(c.compile_seconds for c in steps),
+                "loaded": loaded + sum(c.loaded for c in steps)}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transform!r}, compile={self.compile!r})"

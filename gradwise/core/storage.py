@@ -11,7 +11,8 @@ formats:
 - ``decoded(state, p)``: a parameter's buffers as float tensors, for reading;
 - ``expected_parts(tag, shape, signed, param)`` (the meta tensors a buffer encoded as ``tag`` is made
   of, for ``param``: a checkpoint is checked against them) and ``after_load(optimizer, state_dict)``: loading;
-- ``compile_stats``: ``(graphs, seconds)`` that ``run`` compiled;
+- ``compile_stats``: ``(graphs, seconds, loaded)`` that ``run`` compiled (or loaded from the disk store, counted in
+  ``graphs`` too);
 - ``traffic``: set by the optimizer, where the collectives the storage runs are counted (encoding a
   sharded parameter's state may all-reduce block maxima: ``core/collectives.py``);
 - ``policy``: the ``state=`` it was built from (``None``: float32). A copy or a pickle of the
@@ -63,7 +64,7 @@ class PlainStorage:
     ``run``: nothing it holds is encoded."""
 
     policy = None
-    compile_stats = (0, 0.0)
+    compile_stats = (0, 0.0, 0)
     traffic = None  # it runs no collective
 
     def __init__(self, transform: Transform):

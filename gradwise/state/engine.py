@@ -179,9 +179,9 @@ class EncodedState:
         return self._specs[encoded]
 
     @property
-    def compile_stats(self) -> tuple[int, float]:
+    def compile_stats(self) -> tuple[int, float, int]:
         steps = [*self._compiled.values(), *self._compiled_runs.values()]
-        return sum(c.compiles for c in steps), sum(c.compile_seconds for c in steps)
+        return (sum(c.compiles for c in steps), sum(c.compile_seconds for c in steps), sum(c.loaded for c in steps))
 
     # ------------------------------------------------------------- checkpoints
     @staticmethod

@@ -86,6 +86,11 @@ class CompiledCodedStep:
         """Graphs compiled (or loaded from the disk store: ``gradwise.core.graph_store``)."""
         return self._graphs.compiles
 
+    @property
+    def loaded(self) -> int:
+        """Of ``compiles``, the graphs loaded from the disk store."""
+        return self._graphs.loaded
+
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
