@@ -187,3 +187,19 @@ class GuardedGraphs:
                 code = entry.code
                 kept.append((entry.guard_manager, types.FunctionType(code, self._fn.__globals__, code.co_name)))
                 return
+
+
+class CountsGraphs:
+    """For an owner of a ``GuardedGraphs`` (``self._graphs``): its counts."""
+
+    _graphs: GuardedGraphs
+
+    @property
+    def compiles(self) -> int:
+        """Graphs compiled (or loaded from the disk store: ``core/graph_store.py``)."""
+        return self._graphs.compiles
+
+    @property
+    def loaded(self) -> int:
+        """Of ``compiles``, the graphs loaded from the disk store."""
+        return self._graphs.loaded

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.ahead import GuardedGraphs
+from gradwise.core.ahead import CountsGraphs, GuardedGraphs
 from gradwise.core.namespaces import Namespaced
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
@@ -167,7 +167,7 @@ def rounding_rows(seeds: list[int], starts: list[int], device) -> Tensor:
 GROUP = 8
 
 
-class CompiledStep:
+class CompiledStep(CountsGraphs):
     """``torch.compile`` of one phase of the chain's step, with its own dynamo cache, counted and timed.
 
     An elementwise phase is compiled for flat 1-D tensors of symbolic length, ``GROUP`` parameters
@@ -195,16 +195,6 @@ class CompiledStep:
         # once per tensor rank (static shapes would compile once per shape and hit dynamo's recompile limit)
         self._graphs = GuardedGraphs(private_copy(run_chain_once), self._backend, dynamic=True,
                                      store="executor.run_chain_once")
-
-    @property
-    def compiles(self) -> int:
-        """Graphs compiled (or loaded from the disk store)."""
-        return self._graphs.compiles
-
-    @property
-    def loaded(self) -> int:
-        """Of ``compiles``, the graphs loaded from the disk store."""
-        return self._graphs.loaded
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """Inductor, without its size asserts: dynamo's guards have checked every input's sizes and strides before

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
-from gradwise.core.ahead import GuardedGraphs
+from gradwise.core.ahead import CountsGraphs, GuardedGraphs
 from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
@@ -61,7 +61,7 @@ RECOMPUTE = {"realize_reads_threshold": 1 << 20}
 RECOMPUTE_OPS = 150
 
 
-class CompiledCodedStep:
+class CompiledCodedStep(CountsGraphs):
     """``torch.compile`` of ``coded_step`` (or of ``fn``, called with the phase first, as
     ``gradwise.state.runs.step_run`` with ``dynamic=True``), private to one optimizer, with its compiles
     counted, its graphs called without dynamo's frame hook once compiled (``GuardedGraphs``).
@@ -80,16 +80,6 @@ class CompiledCodedStep:
         self._names = tuple(inspect.signature(fn).parameters)
         self._graphs = GuardedGraphs(private_copy(fn), self._backend, dynamic,
                                      store=f"{fn.__module__}.{fn.__qualname__}, recompute={recompute}")
-
-    @property
-    def compiles(self) -> int:
-        """Graphs compiled (or loaded from the disk store: ``gradwise.core.graph_store``)."""
-        return self._graphs.compiles
-
-    @property
-    def loaded(self) -> int:
-        """Of ``compiles``, the graphs loaded from the disk store."""
-        return self._graphs.loaded
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list):
         from torch._inductor import config
