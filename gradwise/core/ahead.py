@@ -43,6 +43,7 @@ import contextlib
 import inspect
 import logging
 import re
+import time
 import types
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
@@ -190,9 +191,11 @@ class GuardedGraphs:
 
 
 class CountsGraphs:
-    """For an owner of a ``GuardedGraphs`` (``self._graphs``): its counts."""
+    """For an owner of a ``GuardedGraphs`` (``self._graphs``): its counts, and the seconds of the calls that compiled
+    or loaded a graph (``compile_seconds``, which the owner sets to 0.0), each logged."""
 
     _graphs: GuardedGraphs
+    compile_seconds: float
 
     @property
     def compiles(self) -> int:
@@ -203,3 +206,16 @@ class CountsGraphs:
     def loaded(self) -> int:
         """Of ``compiles``, the graphs loaded from the disk store."""
         return self._graphs.loaded
+
+    def _marks(self) -> tuple[int, int, float]:
+        """The counts and the time before a call, for ``_counted``."""
+        return self.compiles, self.loaded, time.perf_counter()
+
+    def _counted(self, marks: tuple[int, int, float], what: str, *args: Any) -> None:
+        """After a call begun at ``marks``: where it compiled or loaded a graph, add its seconds to
+        ``compile_seconds`` and log ``what % args`` with them."""
+        compiles, loaded, start = marks
+        if self.compiles != compiles:
+            seconds = time.perf_counter() - start
+            self.compile_seconds += seconds
+            logger.info("%s " + what + " in %.2f s", "loaded" if self.loaded != loaded else "compiled", *args, seconds)

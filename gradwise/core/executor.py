@@ -9,8 +9,6 @@ per-step scalars arrive packed in one tensor, so changing them never recompiles.
 """
 from __future__ import annotations
 
-import logging
-import time
 import types
 import weakref
 from typing import Any, Callable, Mapping
@@ -24,8 +22,6 @@ from gradwise.core.namespaces import Namespaced
 from gradwise.core.phases import Phase
 from gradwise.core.rounding import add_stochastically
 from gradwise.core.transform import Context, state_dtype
-
-logger = logging.getLogger("gradwise")
 
 Layout = tuple[tuple[str, str, int], ...]
 
@@ -305,8 +301,7 @@ class CompiledStep(CountsGraphs):
     def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
         """One graph call on arguments as the graph takes them, compiling first if none takes them."""
         key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
-        before, loaded = self.compiles, self._graphs.loaded
-        start = time.perf_counter()
+        marks = self._marks()
         args = {"phase": self.phase, "params": params, "inputs": grads, "state": state, "values": values,
                 "layout": layout, "static": static, "rounding": rounding, "outputs": outputs}
         if key not in self._compiled_for:
@@ -314,12 +309,7 @@ class CompiledStep(CountsGraphs):
             self._graphs(key, self._stand_ins(args))
             self._compiled_for.add(key)
         parts, _ = self._graphs(key, args)
-        if self.compiles != before:
-            seconds = time.perf_counter() - start
-            self.compile_seconds += seconds
-            logger.info("%s %r for %d %s tensors on %s in %.2f s",
-                        "loaded" if self._graphs.loaded != loaded else "compiled", self.phase, len(params),
-                        params[0].dtype, params[0].device, seconds)
+        self._counted(marks, "%r for %d %s tensors on %s", self.phase, len(params), params[0].dtype, params[0].device)
         return parts
 
     def _stand_ins(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,6 @@ at a time, several times slower than the compiles saved.
 from __future__ import annotations
 
 import inspect
-import logging
-import time
 from typing import Any, Callable, Mapping
 
 import torch
@@ -23,8 +21,6 @@ from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
 from gradwise.state.codec import Codec
 from gradwise.state.shards import LocalShard
-
-logger = logging.getLogger("gradwise")
 
 #: (buffer, codec, signed) for each encoded buffer of a parameter, in a fixed order.
 Specs = tuple[tuple[str, Codec, bool], ...]
@@ -92,11 +88,7 @@ class CompiledCodedStep(CountsGraphs):
         return compile_fx(gm, example_inputs)
 
     def __call__(self, *args: Any) -> Any:
-        before, loaded, start = self.compiles, self._graphs.loaded, time.perf_counter()
+        marks = self._marks()
         reduced = self._graphs(None, dict(zip(self._names, (self.phase, *args))))
-        if self.compiles != before:
-            seconds = time.perf_counter() - start
-            self.compile_seconds += seconds
-            logger.info("%s %r with encoded state in %.2f s",
-                        "loaded" if self._graphs.loaded != loaded else "compiled", self.phase, seconds)
+        self._counted(marks, "%r with encoded state", self.phase)
         return reduced
