@@ -64,7 +64,8 @@ class CompiledCodedStep(CountsGraphs):
     ``recompute``: graphs of at most ``RECOMPUTE_OPS`` operations compile with ``RECOMPUTE`` (a run's
     step: the decoded state is recomputed in the pass that reduces a block's new scale and in the one
     that encodes it and updates the parameter, where by default it is stored, a float32 copy written to
-    memory and read back by each loop). The settings are patched around this compile only. The engine
+    memory and read back by each loop). The settings, and the full-width loads of 8-bit codes
+    (``gradwise.state.byte_loads``), are patched around this compile only. The engine
     does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read and
     overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes do
     (``gradwise.state.runs``)."""
@@ -81,11 +82,12 @@ class CompiledCodedStep(CountsGraphs):
         from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
 
+        from gradwise.state.byte_loads import full_width_byte_loads
+
         operations = sum(node.op == "call_function" for node in gm.graph.nodes)
-        if self.recompute and operations <= RECOMPUTE_OPS:
-            with config.patch(RECOMPUTE):
-                return compile_fx(gm, example_inputs)
-        return compile_fx(gm, example_inputs)
+        settings = RECOMPUTE if self.recompute and operations <= RECOMPUTE_OPS else {}
+        with config.patch(settings), full_width_byte_loads():
+            return compile_fx(gm, example_inputs)
 
     def __call__(self, *args: Any) -> Any:
         marks = self._marks()

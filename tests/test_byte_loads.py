@@ -1,0 +1,91 @@
+"""``gradwise.state.byte_loads``: the encoded step's AVX2 kernels load 8-bit codes 8 bytes at once
+(``loadu_one_fourth``), not through ATen's stack-buffer path for a partial count, and step to the same bits as
+the kernels inductor generates without the patch; the patch lives for one compile and keys inductor's cache."""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+import torch
+from torch._inductor import config
+from torch._inductor.codegen.cpp import CppVecKernel
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import gradwise
+from gradwise.state import byte_loads, fused
+from gradwise.state.byte_loads import VERSION, ByteLoadsKey, full_width_byte_loads
+
+AVX2 = torch.backends.cpu.get_cpu_capability() == "AVX2"
+#: An 8-lane load of bytes through the partial-count path, outside a loop's tail (whose count is an expression).
+_PARTIAL_BYTE_LOAD = re.compile(r"Vectorized<u?int8_t>::loadu\([^;]*static_cast<int64_t>\(8\)\)")
+
+
+def _compiled_steps(monkeypatch, state: str, patched: bool):
+    """Three compiled AdamW steps with ``state`` on a block-multiple matrix and one that is not (its last block
+    short): the parameters, the optimizer's state and the generated code of each graph (compiled here, none
+    loaded from the disk store). ``patched=False``: inductor's own byte loads."""
+    monkeypatch.setenv("GRADWISE_GRAPH_CACHE", "0")
+    monkeypatch.setattr(byte_loads, "full_width_byte_loads",
+                        byte_loads.full_width_byte_loads if patched else contextlib.nullcontext)
+    sources = []
+    backend = fused.CompiledCodedStep._backend
+
+    def keep(self, gm, example_inputs):
+        compiled = backend(self, gm, example_inputs)
+        sources.append(compiled.source_code)
+        return compiled
+
+    monkeypatch.setattr(fused.CompiledCodedStep, "_backend", keep)
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in ((8, 2048), (77, 123))]
+    optimizer = gradwise.AdamW(params, lr=1e-2, weight_decay=0.1, state=state, compile=True)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        optimizer.step()
+    assert sources, "nothing compiled"
+    return params, optimizer.state_dict()["state"], "\n".join(sources)
+
+
+@pytest.mark.skipif(not AVX2, reason="the patch changes AVX2 kernels only")
+@pytest.mark.parametrize("state", ["fp8", "int8"])
+def test_encoded_steps_load_codes_eight_bytes_at_once_to_the_same_bits(monkeypatch, state):
+    params, saved, code = _compiled_steps(monkeypatch, state, patched=True)
+    assert "Vectorized<uint8_t>::loadu_one_fourth(" in code
+    assert not _PARTIAL_BYTE_LOAD.findall(code)
+    unpatched_params, unpatched_saved, unpatched_code = _compiled_steps(monkeypatch, state, patched=False)
+    assert _PARTIAL_BYTE_LOAD.findall(unpatched_code) and "loadu_one_fourth" not in unpatched_code
+    for p, q in zip(params, unpatched_params):
+        assert torch.equal(p, q)
+    for index, buffers in unpatched_saved.items():
+        for name, value in buffers.items():
+            assert torch.equal(saved[index][name], value), (index, name)
+
+
+class UserPass(CustomGraphPass):
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return "a user's pass"
+
+
+def test_the_patch_lives_for_the_block_and_keys_inductors_cache(monkeypatch):
+    """Inside: the code generator's load is gradwise's and the post-grad passes end with ``ByteLoadsKey`` (its
+    uuid ``VERSION``), a user's pass kept before it; nested blocks change nothing; after the block, even one that
+    raised, inductor's method and the user's setting are back."""
+    user = UserPass()
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", user)
+    generated = CppVecKernel._get_vec_load_line
+    with pytest.raises(RuntimeError, match="inside"):
+        with full_width_byte_loads():
+            passes = config.post_grad_custom_post_pass
+            assert CppVecKernel._get_vec_load_line is not generated
+            assert passes[0] is user and isinstance(passes[-1], ByteLoadsKey) and passes[-1].uuid() == VERSION
+            with full_width_byte_loads():
+                assert config.post_grad_custom_post_pass == passes
+            assert CppVecKernel._get_vec_load_line is not generated
+            raise RuntimeError("inside")
+    assert CppVecKernel._get_vec_load_line is generated
+    assert config.post_grad_custom_post_pass is user
