@@ -21,15 +21,16 @@ A NaN or inf is stored as the NaN code (``0x7F``) in its own element; the scales
 magnitudes' maxima, as the integer codecs' (``gradwise.state.quantize``), which this codec reuses
 whole: its maps stand in for a ``CodeMap``.
 
-Compiled for a CPU without AVX-512, a byte is read back to float32 in integer and float arithmetic
-(``e4m3_values``), bit for bit torch's conversion (tested on every byte), because ATen's vectorized
-float8 conversion has a vector form only with AVX-512 and otherwise converts one element at a time:
-on this project's AVX2 machine the arithmetic took the compiled AdamW-fp8 step of the 25m set from
-31-33x torch's fused AdamW to 18-20x (README). Eagerly, torch's conversion is one pass where the
-arithmetic is eight, and is kept; so is CUDA's. Writing codes stays torch's conversion: the same
-arithmetic the other way needs float32-to-int32 reinterpretations, which the CPU backend's AVX2 code
-loads through a stack buffer (ATen's ``Vectorized<int32_t>::loadu`` with a count has no full-width
-fast path), and measured slower than the conversion.
+Compiled for a CPU without AVX-512, a byte is read back to float32 and written from float32 in integer and
+float arithmetic (``e4m3_values``, ``e4m3_codes``), bit for bit torch's conversions (tested on every byte, and
+on float32 values of every exponent, ties, saturation, NaN and signed zeros), because ATen's vectorized float8
+conversion has a vector form only with AVX-512 and otherwise converts one element at a time, and inductor
+reinterprets a float8 vector as bytes through a stack buffer. On this project's AVX2 machine reading by
+arithmetic took the compiled AdamW-fp8 step of the 25m set from 31-33x torch's fused AdamW to 18-20x, and
+writing by arithmetic the 19.3M embedding's step from about 15.7x to 9-10x (README). Writing needs no bit
+reinterpretation (the CPU backend's AVX2 code reads a float32-to-int32 one back through a stack buffer too):
+the exponent is found by comparisons, the rounding is float addition. Eagerly, torch's conversions are one
+pass where the arithmetic is many, and are kept; so are CUDA's.
 """
 from __future__ import annotations
 
@@ -56,6 +57,37 @@ def e4m3_values(codes: Tensor) -> Tensor:
     value = torch.where(shifted < (1 << 23), subnormal, normal)
     value = torch.where(shifted == (0x7F << 20), float("nan"), value)
     return torch.where(byte >= 0x80, -value, value)
+
+
+def e4m3_codes(y: Tensor) -> Tensor:
+    """The e4m3fn byte (uint8) of each float32 of ``y``, as ``y.to(torch.float8_e4m3fn).view(torch.uint8)`` gives
+    it: rounded to nearest, ties to even; magnitudes past 464 (inf too) saturate to 448 (``0x7E``), NaN is the
+    NaN code (``0x7F``); the sign bit is ``y``'s, zeros' and NaNs' included. In float32 arithmetic, every
+    product by a power of two exact: a binary search finds ``e = floor(log2 |y|)`` clamped to ``[-6, 9]`` as
+    ``p = 2^e`` and ``q = 2^(3-e)``; adding and subtracting ``2^(e+20)`` rounds ``|y|`` to a multiple of
+    ``2^(e-3)``, e4m3's step in that binade (and the subnormals' ``2^-9`` where ``e = -6``); the byte's magnitude
+    is then ``8 (e + 6) + r q``, which holds for a subnormal and for a value rounded up into the next binade
+    alike. Exact only without unsafe floating-point optimizations (inductor's default)."""
+    magnitude = y.abs()
+    p = torch.full_like(magnitude, 2.0**-6)
+    q = torch.full_like(magnitude, 2.0**9)
+    exponent8 = torch.zeros_like(magnitude)
+    for k in (8, 4, 2, 1):
+        above = magnitude >= p * 2.0**k
+        p = torch.where(above, p * 2.0**k, p)
+        q = torch.where(above, q * 2.0**-k, q)
+        exponent8 = torch.where(above, exponent8 + 8 * k, exponent8)
+    shift = p * 2.0**20
+    rounded = (magnitude + shift) - shift
+    byte = torch.where(magnitude <= 464.0, exponent8 + rounded * q, 126.0)
+    byte = torch.where(magnitude == magnitude, byte, 127.0)
+    one = torch.ones_like(y)
+    return (byte + (one - one.copysign(y)) * 64).to(torch.uint8)
+
+
+def _by_element(t: Tensor) -> bool:
+    """Whether a float8 conversion of ``t`` would be compiled one element at a time (the module's docstring)."""
+    return torch.compiler.is_compiling() and t.device.type == "cpu" and _CPU_CONVERTS_FLOAT8_BY_ELEMENT
 
 
 class Float8Map:
@@ -85,17 +117,16 @@ class Float8Map:
         backend), and each element costs one multiplication by its block's factor, no division."""
         largest, smallest = self._limits()
         factor = (largest**2 if self.root else largest) / torch.where(scale > 0, scale, 1.0)
-        y = torch.where(x.abs() < float("inf"), x * factor, float("nan"))
-        if not self.root:
-            return y.to(self.dtype).view(torch.uint8)
-        y = y.clamp(min=0).sqrt()
-        return torch.where(y > 0, y.clamp(min=smallest), y).to(self.dtype).view(torch.uint8)
+        y = x * factor
+        if self.root:
+            y = y.clamp(min=0).sqrt()
+            y = torch.where(y > 0, y.clamp(min=smallest), y)
+        y = torch.where(x.abs() < float("inf"), y, float("nan"))  # last: a NaN made on the way may be negative
+        return e4m3_codes(y) if _by_element(y) else y.to(self.dtype).view(torch.uint8)
 
     def value(self, codes: Tensor) -> Tensor:
         """The float32 value of each byte in units of its scale (NaN for the NaN code)."""
-        compiled_by_element = (torch.compiler.is_compiling() and codes.device.type == "cpu"
-                               and _CPU_CONVERTS_FLOAT8_BY_ELEMENT)
-        decoded = e4m3_values(codes) if compiled_by_element else codes.view(self.dtype).float()
+        decoded = e4m3_values(codes) if _by_element(codes) else codes.view(self.dtype).float()
         y = decoded * (1 / self._limits()[0])
         return y * y if self.root else y
 
