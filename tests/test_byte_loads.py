@@ -75,6 +75,7 @@ def test_the_patch_lives_for_the_block_and_keys_inductors_cache(monkeypatch):
     """Inside: the code generator's load is gradwise's and the post-grad passes end with ``ByteLoadsKey`` (its
     uuid ``VERSION``), a user's pass kept before it; nested blocks change nothing; after the block, even one that
     raised, inductor's method and the user's setting are back."""
+    assert byte_loads.SUPPORTED  # torch 2.13's code generator, the one the Makefile installs
     user = UserPass()
     monkeypatch.setattr(config, "post_grad_custom_post_pass", user)
     generated = CppVecKernel._get_vec_load_line
@@ -89,3 +90,12 @@ def test_the_patch_lives_for_the_block_and_keys_inductors_cache(monkeypatch):
             raise RuntimeError("inside")
     assert CppVecKernel._get_vec_load_line is generated
     assert config.post_grad_custom_post_pass is user
+
+
+def test_another_code_generator_is_left_as_it_is(monkeypatch):
+    """Where the private method is not torch 2.13's (``SUPPORTED`` false), the block patches nothing."""
+    monkeypatch.setattr(byte_loads, "SUPPORTED", False)
+    generated, passes = CppVecKernel._get_vec_load_line, config.post_grad_custom_post_pass
+    with full_width_byte_loads():
+        assert CppVecKernel._get_vec_load_line is generated
+        assert config.post_grad_custom_post_pass is passes
