@@ -15,6 +15,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import gradwise
 from gradwise.state import byte_loads, fused
 from gradwise.state.byte_loads import VERSION, ByteLoadsKey, full_width_byte_loads
+from tests.generated_code import keep_generated_code
 
 AVX2 = torch.backends.cpu.get_cpu_capability() == "AVX2"
 #: An 8-lane load of bytes through the partial-count path, outside a loop's tail (whose count is an expression).
@@ -25,18 +26,9 @@ def _compiled_steps(monkeypatch, state: str, patched: bool):
     """Three compiled AdamW steps with ``state`` on a block-multiple matrix and one that is not (its last block
     short): the parameters, the optimizer's state and the generated code of each graph (compiled here, none
     loaded from the disk store). ``patched=False``: inductor's own byte loads."""
-    monkeypatch.setenv("GRADWISE_GRAPH_CACHE", "0")
     monkeypatch.setattr(byte_loads, "full_width_byte_loads",
                         byte_loads.full_width_byte_loads if patched else contextlib.nullcontext)
-    sources = []
-    backend = fused.CompiledCodedStep._backend
-
-    def keep(self, gm, example_inputs):
-        compiled = backend(self, gm, example_inputs)
-        sources.append(compiled.source_code)
-        return compiled
-
-    monkeypatch.setattr(fused.CompiledCodedStep, "_backend", keep)
+    sources = keep_generated_code(monkeypatch, fused.CompiledCodedStep)
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in ((8, 2048), (77, 123))]
     optimizer = gradwise.AdamW(params, lr=1e-2, weight_decay=0.1, state=state, compile=True)

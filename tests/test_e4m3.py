@@ -14,6 +14,18 @@ from gradwise.state.float8 import Float8Map, e4m3_codes, e4m3_values
 EVERY_BYTE = torch.arange(256, dtype=torch.int32).to(torch.uint8)
 
 
+def converted(convert, x: torch.Tensor, compiled: bool, flush_denormal: bool) -> torch.Tensor:
+    """``convert(x)``, compiled or eager, on a CPU set to flush float32 subnormals or not (skipped where it
+    cannot)."""
+    convert = torch.compile(convert, dynamic=False) if compiled else convert
+    if flush_denormal and not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        return convert(x)
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def float32_of_every_kind() -> torch.Tensor:
     """Both signs of: every 4099th float32 bit pattern (every exponent, NaN payloads and subnormals among
     them); every e4m3 value, the midpoints between neighbours (ties, to even either way) and the float32
@@ -39,15 +51,8 @@ def same_floats(got: torch.Tensor, expected: torch.Tensor) -> bool:
 def test_e4m3_values_are_torchs_conversion_for_every_byte(compiled, flush_denormal):
     """Also on a CPU set to flush float32 subnormals to zero: e4m3's subnormals are float32
     normals, and the arithmetic makes no float32 subnormal on the way."""
-    convert = torch.compile(e4m3_values, dynamic=False) if compiled else e4m3_values
     expected = EVERY_BYTE.view(torch.float8_e4m3fn).to(torch.float32)
-    if flush_denormal and not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush subnormals")
-    try:
-        got = convert(EVERY_BYTE)
-    finally:
-        torch.set_flush_denormal(False)
-    assert same_floats(got, expected)
+    assert same_floats(converted(e4m3_values, EVERY_BYTE, compiled, flush_denormal), expected)
 
 
 @pytest.mark.parametrize("root", [False, True], ids=["e4m3", "e4m3-sqrt"])
@@ -68,14 +73,8 @@ def test_e4m3_codes_are_torchs_conversion_for_float32_of_every_kind(compiled, fl
     """Rounding to nearest even, saturation past 464, NaN to the NaN code with its sign, -0.0 to 0x80; on a
     CPU flushing float32 subnormals too (a subnormal input reads as a zero of its sign: the byte torch gives)."""
     x = float32_of_every_kind()
-    convert = torch.compile(e4m3_codes, dynamic=False) if compiled else e4m3_codes
     expected = x.to(torch.float8_e4m3fn).view(torch.uint8)
-    if flush_denormal and not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush subnormals")
-    try:
-        got = convert(x)
-    finally:
-        torch.set_flush_denormal(False)
+    got = converted(e4m3_codes, x, compiled, flush_denormal)
     assert got.dtype == torch.uint8
     wrong = got != expected
     assert not wrong.any(), (x[wrong][:8].tolist(), got[wrong][:8].tolist(), expected[wrong][:8].tolist())

@@ -12,6 +12,7 @@ import torch
 
 import gradwise
 from gradwise.core import executor
+from tests.generated_code import keep_generated_code
 
 _ELEMENT_LOOP = re.compile(r"for\(int64_t x0=static_cast<int64_t>\(0L\); x0<static_cast<int64_t>\(ks\d+\)")
 _SCALAR_OP = re.compile(r"c10::convert<|= (?:float|double)\(")
@@ -20,16 +21,7 @@ _SCALAR_OP = re.compile(r"c10::convert<|= (?:float|double)\(")
 def _compiled_sources(monkeypatch, optimizer_class) -> list[str]:
     """The generated code of each graph compiled for two steps of ``optimizer_class`` on two parameters (compiled
     here: none loaded from the disk store, which would not call the backend)."""
-    monkeypatch.setenv("GRADWISE_GRAPH_CACHE", "0")
-    sources = []
-    backend = executor.CompiledStep._backend
-
-    def keep(self, gm, example_inputs):
-        compiled = backend(self, gm, example_inputs)
-        sources.append(compiled.source_code)
-        return compiled
-
-    monkeypatch.setattr(executor.CompiledStep, "_backend", keep)
+    sources = keep_generated_code(monkeypatch, executor.CompiledStep)
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in ((33, 7), (50,))]
     optimizer = optimizer_class(params, lr=1e-2, weight_decay=0.1, compile=True)
