@@ -26,8 +26,9 @@ float arithmetic (``e4m3_values``, ``e4m3_codes``), bit for bit torch's conversi
 on float32 values of every exponent, ties, saturation, NaN and signed zeros), because ATen's vectorized float8
 conversion has a vector form only with AVX-512 and otherwise converts one element at a time, and inductor
 reinterprets a float8 vector as bytes through a stack buffer. On this project's AVX2 machine reading by
-arithmetic took the compiled AdamW-fp8 step of the 25m set from 31-33x torch's fused AdamW to 18-20x, and
-writing by arithmetic the 19.3M embedding's step from about 15.7x to 9-10x (README). Writing needs no bit
+arithmetic took the compiled AdamW-fp8 step of the 25m set from 31-33x torch's fused AdamW to 18-20x; writing
+by arithmetic, with full-width loads of the codes (``gradwise.state.byte_loads``), from 22x to 10.5x (README,
+"Reading and writing 8-bit codes on AVX2"). Writing needs no bit
 reinterpretation (the CPU backend's AVX2 code reads a float32-to-int32 one back through a stack buffer too):
 the exponent is found by comparisons, the rounding is float addition. Eagerly, torch's conversions are one
 pass where the arithmetic is many, and are kept; so are CUDA's.
