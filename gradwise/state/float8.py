@@ -28,9 +28,10 @@ conversion has a vector form only with AVX-512 and otherwise converts one elemen
 reinterprets a float8 vector as bytes through a stack buffer. On this project's AVX2 machine reading by
 arithmetic took the compiled AdamW-fp8 step of the 25m set from 31-33x torch's fused AdamW to 18-20x; writing
 by arithmetic, with full-width loads of the codes (``gradwise.state.byte_loads``), from 22x to 10.5x (README,
-"Reading and writing 8-bit codes on AVX2"). Writing needs no bit
-reinterpretation (the CPU backend's AVX2 code reads a float32-to-int32 one back through a stack buffer too):
-the exponent is found by comparisons, the rounding is float addition. Eagerly, torch's conversions are one
+"Reading and writing 8-bit codes on AVX2"). Writing needs no float32-to-int32
+reinterpretation (the CPU backend's AVX2 code reads one back through a stack buffer too): the exponent is
+found by comparisons, its powers of two are built as integers and read as float32 (the direction that loads
+at full width), the rounding is float addition. Eagerly, torch's conversions are one
 pass where the arithmetic is many, and are kept; so are CUDA's.
 """
 from __future__ import annotations
@@ -74,8 +75,8 @@ def e4m3_codes(y: Tensor) -> Tensor:
     15.6 s so). Exact only without unsafe floating-point optimizations (inductor's default)."""
     magnitude = y.abs()
     n = sum((magnitude >= 2.0**k).to(torch.int32) for k in range(-5, 10))
-    shift = ((n + (147 - 6)) << 23).view(torch.float32)
-    step_inverse = ((130 + 6 - n) << 23).view(torch.float32)
+    shift = ((n + (20 + 127 - 6)) << 23).view(torch.float32)  # 2^(e+20), e = n - 6, float32's exponent bias 127
+    step_inverse = (((3 + 127 + 6) - n) << 23).view(torch.float32)  # 2^(3-e)
     rounded = (magnitude + shift) - shift
     byte = torch.where(magnitude <= 464.0, (8 * n).to(torch.float32) + rounded * step_inverse, 126.0)
     byte = torch.where(magnitude == magnitude, byte, 127.0)
