@@ -71,7 +71,7 @@ def e4m3_codes(y: Tensor) -> Tensor:
     (the subnormals' ``2^-9`` where ``e = -6``); the byte's magnitude is then ``8 n + r 2^(3-e)``, which holds for
     a subnormal and for a value rounded up into the next binade alike. Each comparison reads ``|y|`` alone: a
     binary search, each step reading the last, stepped as fast but made inductor's code generation expand the
-    whole expression behind ``|y|`` over a hundred times (one fp8 AdamW graph's cold first step 37.7 s, against
+    whole expression behind ``|y|`` over a hundred times (scratch: one fp8 AdamW graph's cold first step 37.7 s, against
     15.6 s so). Exact only without unsafe floating-point optimizations (inductor's default)."""
     magnitude = y.abs()
     n = sum((magnitude >= 2.0**k).to(torch.int32) for k in range(-5, 10))
