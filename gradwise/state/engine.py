@@ -19,12 +19,13 @@ from gradwise.core.phases import Phase
 from gradwise.core.rounding import rounds_stochastically
 from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
-from gradwise.state.bf16_pairs import pair_buffers, pairs_in
+from gradwise.state.bf16_pairs import pair_buffers
 from gradwise.state.codec import Codec, codec_from
 from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
 from gradwise.state.joined import Joins, joins
 from gradwise.state.policy import StatePolicy, policy_from
-from gradwise.state.runs import cut_runs, plan_runs, step_run, store_run
+from gradwise.state.prepared import Prepared
+from gradwise.state.runs import step_run, store_run
 from gradwise.state.shards import LocalShard
 from gradwise.state.store import store, stored_as, take
 
@@ -42,6 +43,8 @@ class EncodedState:
         self._compiled: dict[tuple[Phase, bool], CompiledCodedStep] = {}
         self._compiled_runs: dict[tuple[Phase, bool], CompiledCodedStep] = {}  # the same, on runs of flat blocks
         self._specs: dict[tuple, Specs] = {}
+        #: each parameter's step in each phase as worked out at its last step, by (phase, id(parameter))
+        self._ready: dict[tuple[Phase, int], Prepared] = {}
         #: where the collectives of encoding sharded state are counted (set by the optimizer: its ``traffic``)
         self.traffic: Traffic | None = None
 
@@ -107,7 +110,6 @@ class EncodedState:
         the next phase's reductions. ``fall_back(error)`` is called when a compile fails: it re-raises,
         or the rest runs eagerly. A DTensor parameter steps its local shard eagerly, the same parameter
         on every rank in the same order (``gradwise.state.shards``: encoding it may all-reduce)."""
-        wanted = frozenset(phase.state)
         parts_out = []
 
         def step_stacked(key: tuple, run: tuple, seeds: Tensor) -> None:
@@ -117,35 +119,31 @@ class EncodedState:
 
         stacked = Joins(phase, step_stacked)  # small parameters' eager runs, stepped together
         for i, (p, state, position) in enumerate(zip(params, states, positions)):
-            plain_keys, encoded = layout(tuple(state))
-            encoded = tuple((b, tag) for b, tag in encoded if b in wanted)
-            specs = self._specs_for(encoded)
-            plain = {k: local(state[k]) for k in plain_keys if k in wanted}
-            parts = {buffer: _local_parts(state, buffer, tag) for buffer, tag in encoded}
+            grad, output = local(inputs[i]), None if outputs is None else local(outputs[i])
+            ready = self._prepared(phase, p, state, position, grad, output)
+            specs, plain, parts = ready.specs, ready.plain, ready.parts
             step = int(state["step"])
             seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
             shard = LocalShard.of(p, self.traffic)
             param_seed = seed(step, position, "param") if rounds_stochastically(static, p.dtype) else None
-            rounding = None if param_seed is None else \
-                rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
-            output = None if outputs is None else local(outputs[i])
-            runs = None if shard is not None else plan_runs(phase, specs, p, inputs[i], plain, output)
-            if runs is not None:
+            if ready.runs is not None:
                 # a plain buffer written in the graph keeps the decoded state stored (fused.RECOMPUTE)
                 key = (phase, plain.keys().isdisjoint(phase.writes))
-                pairs = pairs_in(specs, parts)
                 join = not compiled and joins(phase, p, plain, param_seed, output)
-                for (start, _, _), run in zip(runs, cut_runs(runs, specs, pairs, p, inputs[i], plain, parts,
-                                                             param_seed, output)):
+                for (start, _, _), run in zip(ready.runs, ready.run_arguments(grad, param_seed, output)):
                     if join:
-                        stacked.add((specs, pairs, tuple(plain), run[0].shape[1], p.dtype, p.device), run, start, seeds)
+                        stacked.add((specs, ready.pairs, tuple(plain), run[0].shape[1], p.dtype, p.device), run,
+                                    start, seeds)
                         continue
                     (reduced, later), compiled = self._step(self._compiled_runs, key, step_run, (
-                        specs, pairs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2, fall_back)
+                        specs, ready.pairs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2,
+                        fall_back)
                     store_run(run[3], later)
                     parts_out.append(reduced)
                 continue
-            args = (specs, local(p), local(inputs[i]), plain, parts, seeds, values, layout_, static, rounding, output)
+            rounding = None if param_seed is None else \
+                rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
+            args = (specs, local(p), grad, plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
                 parts_out.append(coded_step(phase, *args, shard=shard))
                 continue
@@ -173,6 +171,19 @@ class EncodedState:
                 compiled = False
         return fn(phase, *args), compiled
 
+    def _prepared(self, phase: Phase, p: Tensor, state: dict[str, Tensor], position: int, grad: Tensor,
+                  output: Tensor | None) -> Prepared:
+        """What this parameter's step in ``phase`` works out from its state: kept from its last step where it
+        still fits (``gradwise.state.prepared``), else worked out and kept."""
+        kept = self._ready.get((phase, id(p)))
+        if kept is not None and kept.fits(p, state, position, grad, output):
+            return kept
+        keep = not isinstance(p, DTensor)  # (a DTensor's local shard is a new tensor at every step)
+        ready = Prepared(phase, self._specs_for, p, state, position, grad, output, keep)
+        if keep:
+            self._ready[(phase, id(p))] = ready
+        return ready
+
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:
         if encoded not in self._specs:
             self._specs[encoded] = tuple((b, codec_from(tag), b not in self.nonnegative) for b, tag in encoded)
@@ -194,6 +205,7 @@ class EncodedState:
     def after_load(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         """Put encoded parts back exactly as saved (torch.optim casts floating state to the parameter's
         dtype), then convert every buffer whose stored format differs from this optimizer's policy."""
+        self._ready.clear()  # (every state dict is new: no kept step fits, and none keeps the old state alive)
         saved_ids = chain_iterables.from_iterable(g["params"] for g in state_dict["param_groups"])
         conversions: Counter = Counter()
         for saved_id, (p, name, position) in zip(saved_ids, _named(optimizer.param_groups)):

@@ -31,7 +31,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from gradwise.core.executor import rounding_rows, run_chain
+from gradwise.core.executor import run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
 from gradwise.state.bf16_pairs import decode_words, encode_words, words_run
@@ -61,26 +61,28 @@ def plan_runs(phase: Phase, specs, param: Tensor, grad: Tensor, plain: Mapping[s
     return [(0, param.numel(), 1)] if block == 1 else block_pieces(param.numel(), block)
 
 
-def cut_runs(runs, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
-             parts: Mapping[str, Mapping[str, Tensor]], rounding_seed: int | None, output: Tensor | None):
-    """The arguments of ``step_run`` for each run: ``(param, grad, plain, parts, start, rounding,
-    output)``, each tensor over the run's memory (``rounding_seed``: a bfloat16 parameter's
-    stochastic-rounding seed, else None; ``pairs``: ``bf16_pairs.pairs_in``'s, whose first buffer's
-    parts are the pair's ``words`` and whose second's are empty)."""
+def cut_runs(runs, specs, pairs, param: Tensor, plain: Mapping[str, Tensor], parts: Mapping[str, Mapping[str, Tensor]]):
+    """For each run, ``(param, plain, parts, start)``: the parameter, its plain state and the encoded
+    buffers' parts over the run's memory, and its first element's index (``start_tensor``; ``pairs``:
+    ``bf16_pairs.pairs_in``'s, whose first buffer's parts are the pair's ``words`` and whose second's are
+    empty). With ``cut_steps``' tensors, ``step_run``'s arguments; these stay valid while the tensors keep
+    their memory (``gradwise.state.prepared``)."""
     paired = {specs[i][0]: specs[j][0] for i, j in pairs}
     seconds = set(paired.values())
     for start, stop, rows in runs:
         shape = (rows, (stop - start) // rows)
-
-        def cut(t: Tensor) -> Tensor:
-            return alias(t, start, shape)
-
         run_parts = {b: {"words": words_run(parts[b]["value"], start, shape)} if b in paired
                      else {} if b in seconds else codec.run_parts(parts[b], start, stop, rows) for b, codec, _ in specs}
-        yield (cut(param), cut(grad), {k: cut(v) if v.shape == param.shape else v for k, v in plain.items()},
-               run_parts, start_tensor(start, param.device),
-               None if rounding_seed is None else rounding_rows([rounding_seed], [start], param.device),
-               None if output is None else cut(output))
+        yield (alias(param, start, shape), {k: alias(v, start, shape) if v.shape == param.shape else v
+                                            for k, v in plain.items()},
+               run_parts, start_tensor(start, param.device))
+
+
+def cut_steps(runs, grad: Tensor, output: Tensor | None):
+    """For each run, ``(grad, output)`` over its memory (``output`` None: None): what a step gives anew."""
+    for start, stop, rows in runs:
+        shape = (rows, (stop - start) // rows)
+        yield alias(grad, start, shape), None if output is None else alias(output, start, shape)
 
 
 @lru_cache(maxsize=4096)
@@ -93,7 +95,7 @@ def start_tensor(start: int, device: torch.device) -> Tensor:
 def step_run(phase: Phase, specs, pairs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
              parts: Mapping[str, Mapping[str, Tensor]], start: Tensor, rounding: Tensor | None, output: Tensor | None,
              seeds: Tensor, values: Tensor, layout, static) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
-    """``fused.coded_step`` on one run (``cut_runs``); ``start``: the run's first element's flat
+    """``fused.coded_step`` on one run (``prepared.Prepared.run_arguments``); ``start``: the run's first element's flat
     index (0-d), which stochastic rounding's random bits depend on; ``pairs``: the ``bf16`` buffers read
     and written as one word (``gradwise.state.bf16_pairs``), by index into ``specs``. Returns the
     reductions' parts and the new parts that the codecs left to store (``Codec.encode_run``), by buffer,
