@@ -80,7 +80,7 @@ class Prepared:
         return (self.kept and state is self.state and position == self.position and p is self.tensors[0]
                 and p.dtype == self.dtype and len(state) == len(self.keys)
                 and all(map(operator.is_, map(state.get, self.keys), self.values))
-                and _form(grad) == self.grad and _form(output) == self.output)
+                and _form(grad) == self.grad and _form(output) == self.output and _memory(self.tensors) == self.memory)
 
     def run_arguments(self, grad: Tensor, rounding_seed: int | None, output: Tensor | None):
         """``step_run``'s tensors for each run at this step: ``(param, grad, plain, parts, start, rounding,
