@@ -57,6 +57,11 @@ class Codec:
         that round stochastically. With ``shard``, a collective where a scale spans ranks."""
         raise NotImplementedError
 
+    def encode_pieces(self, x: Tensor, signed: bool, seed: Tensor) -> list[tuple[str, int, Tensor]] | None:
+        """``encode``'s result on a plain (not sharded) buffer as new tensors, ``(part, offset, values)``, for the
+        caller to copy into ``part`` from element ``offset`` on after the step; None: ``encode`` writes in place."""
+        return None
+
     def decode(self, parts: dict[str, Tensor], shape: torch.Size, signed: bool, dtype: torch.dtype,
                shard: LocalShard | None = None) -> Tensor:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from gradwise.core.state_keys import MARK, has_buffer, layout, parts_of
 from gradwise.core.transform import Transform, state_dtype
 from gradwise.state.bf16_pairs import pair_buffers
 from gradwise.state.codec import Codec, codec_from
-from gradwise.state.fused import CompiledCodedStep, Specs, coded_step
+from gradwise.state.fused import CompiledCodedStep, Specs, coded_step, store_pieces
 from gradwise.state.joined import Joins, joins
 from gradwise.state.policy import StatePolicy, policy_from
 from gradwise.state.prepared import Prepared
@@ -145,10 +145,11 @@ class EncodedState:
                 rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
             args = (specs, local(p), grad, plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
-                parts_out.append(coded_step(phase, *args, shard=shard))
+                parts_out.append(coded_step(phase, *args, shard=shard)[0])
                 continue
-            reduced, compiled = self._step(self._compiled, (phase, False), coded_step, args, compiled, p.numel() < 2,
-                                           fall_back)
+            (reduced, later), compiled = self._step(self._compiled, (phase, False), coded_step, args, compiled,
+                                                    p.numel() < 2, fall_back)
+            store_pieces(parts, later)
             parts_out.append(reduced)
         stacked.flush()
         return parts_out

@@ -29,22 +29,36 @@ Specs = tuple[tuple[str, Codec, bool], ...]
 def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: Mapping[str, Tensor],
                parts: Mapping[str, Mapping[str, Tensor]], seeds: Tensor, values: Tensor, layout, static,
                rounding: Tensor | None = None, output: Tensor | None = None, shard: LocalShard | None = None
-               ) -> dict[str, Tensor]:
+               ) -> tuple[dict[str, Tensor], dict[str, list]]:
     """One phase of ``p <- p + chain(g)`` (``grad``: the phase's input; ``output``: as ``run_chain``'s)
     with the state in ``specs`` decoded from ``parts``, and the buffers the phase writes encoded back
     (``rounding``: as ``run_chain``'s, for a bfloat16 parameter written stochastically; ``shard``: a
     DTensor parameter's, whose local shard ``param`` is). Returns the parts of the next phase's
-    reductions."""
+    reductions, and the pieces of the buffers left to store (``Codec.encode_pieces``: a block codec's whole
+    blocks and short last block, which written in the step would be a select between the two over the whole
+    buffer, as new tensors) for ``store_pieces``."""
     state = dict(plain)
     dtype = state_dtype(param)
     for buffer, codec, signed in specs:
         state[buffer] = codec.decode(parts[buffer], param.shape, signed, dtype, shard)
     reduced = run_chain(phase, [param], [grad], {k: [v] for k, v in state.items()}, values, layout, static, rounding,
                         None if output is None else [output])
+    later = {}
     for i, (buffer, codec, signed) in enumerate(specs):
         if buffer in phase.writes:
-            codec.encode(state[buffer], parts[buffer], signed, seeds[i], shard)
-    return reduced
+            pieces = None if shard is not None else codec.encode_pieces(state[buffer], signed, seeds[i])
+            if pieces is None:
+                codec.encode(state[buffer], parts[buffer], signed, seeds[i], shard)
+            else:
+                later[buffer] = pieces
+    return reduced, later
+
+
+def store_pieces(parts: Mapping[str, Mapping[str, Tensor]], later: Mapping[str, list]) -> None:
+    """Copy what ``coded_step`` left to store (``Codec.encode_pieces``) into the parts."""
+    for buffer, pieces in later.items():
+        for name, offset, value in pieces:
+            parts[buffer][name][offset: offset + value.numel()].copy_(value.view(-1))
 
 
 #: Inductor's settings for a graph that ``recompute``s: a value read by several loops is recomputed in

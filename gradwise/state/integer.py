@@ -34,6 +34,8 @@ from gradwise.core.hyper import choice
 from gradwise.state.codec import Codec, alias, check_block_size, n_blocks
 from gradwise.state.maps import code_map
 from gradwise.state.quantize import (
+    block_pieces,
+    block_pieces_codes,
     block_rows_codes,
     decode_block_rows,
     decode_blocks,
@@ -168,6 +170,13 @@ class Quantized(Codec):
             parts["codes"].copy_(codes)
             parts["row_max"].copy_(row_max)
             parts["col_max"].copy_(col_max)
+
+    def encode_pieces(self, x, signed, seed):
+        rank1, _, stochastic = self.layout(x.shape, signed)
+        if rank1 or len(block_pieces(x.numel(), self.block_size)) < 2:
+            return None
+        return block_pieces_codes(x, self.block_size, self.maps[signed], signed, seed if stochastic else None,
+                                  self.bits)
 
     def decode(self, parts, shape, signed, dtype, shard=None) -> Tensor:
         rank1 = self.layout(shape if shard is None else shard.shape, signed)[0]

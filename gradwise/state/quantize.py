@@ -78,6 +78,18 @@ def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: 
                           absmax[start // block: start // block + rows], bits)
 
 
+def block_pieces_codes(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: Tensor | None, bits: int = 8
+                       ) -> list[tuple[str, int, Tensor]]:
+    """``encode_blocks``' codes and absmax as new tensors, ``(part, offset, values)`` for each piece of whole
+    blocks and the last block (``Codec.encode_pieces``)."""
+    flat = x.reshape(-1).float()
+    out = []
+    for start, stop, rows in block_pieces(flat.numel(), block):
+        codes, scale = block_rows_codes(flat[start:stop].view(rows, -1), code_map, signed, seed, start, bits)
+        out += [("codes", start * bits // 8, codes), ("absmax", start // block, scale)]
+    return out
+
+
 def encode_block_rows(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None, start: int | Tensor,
                       codes: Tensor, absmax: Tensor, bits: int = 8) -> None:
     """Encode ``rows`` (float32, one block a row; ``start``: the flat index of its first element)

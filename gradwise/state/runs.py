@@ -19,9 +19,8 @@ update and the encode makes torch 2.13's fusion of the row loops fail (``KeyErro
 ``LoopBody.get_read_expr``, asked where an ordering-only user reads a buffer).
 
 In the parameter's own shape instead (``fused.coded_step``), a block's elements are found through
-the parameter's rows, an index inductor recomputes per element in scalar code, and the slices of
-the parts written for the whole blocks and for the last one become a select between the two over
-the whole buffer, which computes the update twice.
+the parameter's rows, an index inductor recomputes per element in scalar code; the whole blocks' and
+the last block's codes leave that graph as new tensors too (``Codec.encode_pieces``).
 """
 from __future__ import annotations
 
