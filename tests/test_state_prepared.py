@@ -3,6 +3,8 @@ working it out at every step, kept across steady steps, and worked out anew when
 state's tensors or keys, or its gradient's layout change."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -108,3 +110,17 @@ def test_a_step_of_new_memory_writes_there_and_load_state_dict_forgets_the_kept_
     assert torch.equal(old, before), "and leave its old memory alone"
     opt.load_state_dict(opt.state_dict())
     assert not opt.storage._ready
+
+
+def test_a_parameter_taken_out_of_the_optimizer_takes_its_kept_steps_with_it():
+    params, opt = _train("bf16", False, keep=True, steps=2)
+    assert len(opt.storage._ready) == 3
+    gone = params.pop()
+    del opt.param_groups[0]["params"][-1]
+    del opt.state[gone]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    del gone
+    gc.collect()
+    assert len(opt.storage._ready) == 2

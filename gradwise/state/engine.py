@@ -3,6 +3,7 @@ checkpoints. ``EncodedState`` is the storage (``gradwise.core.storage``'s protoc
 for; the core optimizer calls it through that protocol and knows nothing else."""
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import Counter
 from itertools import chain as chain_iterables
@@ -182,7 +183,10 @@ class EncodedState:
         keep = not isinstance(p, DTensor)  # (a DTensor's local shard is a new tensor at every step)
         ready = Prepared(phase, self._specs_for, p, state, position, grad, output, keep)
         if keep:
-            self._ready[(phase, id(p))] = ready
+            key = (phase, id(p))
+            if key not in self._ready:
+                ready.forget_with(p, functools.partial(self._ready.pop, key, None))
+            self._ready[key] = ready
         return ready
 
     def _specs_for(self, encoded: tuple[tuple[str, str], ...]) -> Specs:

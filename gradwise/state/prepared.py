@@ -17,11 +17,15 @@ after checking, before anything is written, everything it was worked out from:
   depend on the step (the seeds, a bfloat16 parameter's rounding rows) are made at every step.
 
 A DTensor parameter's step (its local shard a new tensor at every step, and stepped in its shape) is worked
-out at every step, as before.
+out at every step, as before. A kept step holds its parameter weakly: one that is garbage collected (taken out
+of the optimizer's groups and state) takes its kept steps, and the memory their tensors hold, with it
+(``forget_with``).
 """
 from __future__ import annotations
 
 import operator
+import weakref
+from typing import Callable
 
 from torch import Tensor
 
@@ -71,16 +75,22 @@ class Prepared:
         #: what ``fits`` compares (``keep``: not a DTensor, whose step is kept at all)
         self.kept = keep
         self.state, self.position, self.values = state, position, tuple(state.values())
-        self.tensors = [p, *self.plain.values(), *(v for own in self.parts.values() for v in own.values())]
-        self.memory = _memory(self.tensors) if keep else None
+        self.param = weakref.ref(p)
+        self.tensors = [*self.plain.values(), *(v for own in self.parts.values() for v in own.values())]
+        self.memory = _memory([p, *self.tensors]) if keep else None
         self.dtype, self.grad, self.output = p.dtype, _form(grad), _form(output)
 
     def fits(self, p: Tensor, state: dict[str, Tensor], position: int, grad: Tensor, output: Tensor | None) -> bool:
         """Whether this step was worked out from these: the same state and memory (module docstring)."""
-        return (self.kept and state is self.state and position == self.position and p is self.tensors[0]
+        return (self.kept and state is self.state and position == self.position and p is self.param()
                 and p.dtype == self.dtype and len(state) == len(self.keys)
                 and all(map(operator.is_, map(state.get, self.keys), self.values))
-                and _form(grad) == self.grad and _form(output) == self.output and _memory(self.tensors) == self.memory)
+                and _form(grad) == self.grad and _form(output) == self.output
+                and _memory([p, *self.tensors]) == self.memory)
+
+    def forget_with(self, p: Tensor, forget: Callable[[], object]) -> None:
+        """Call ``forget`` (which drops this kept step) when ``p`` is garbage collected."""
+        weakref.finalize(p, forget)
 
     def run_arguments(self, grad: Tensor, rounding_seed: int | None, output: Tensor | None):
         """``step_run``'s tensors for each run at this step: ``(param, grad, plain, parts, start, rounding,
