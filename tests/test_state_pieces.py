@@ -35,27 +35,48 @@ def test_pieces_are_the_codes_encode_writes(tag, shape, signed):
         assert torch.equal(stored[name], value), name
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_the_in_shape_step_leaves_the_pieces_to_its_caller(compile, monkeypatch):
-    """The rank-1 second moment is written in the step; the first moment's codes, of a whole block and a short
-    last one (210 = 3 x 64 + 18 elements), after it."""
+def _steps(compile: bool, steps: int, spy=None):
+    """A 7 x 30 parameter (210 = 3 x 64 + 18 elements) after ``steps`` AdamW steps with int8-b64 state, ``spy``
+    in place of the engine's ``store_pieces`` for the last step."""
     torch.manual_seed(0)
     param = torch.nn.Parameter(torch.randn(7, 30))
     opt = gradwise.AdamW([param], lr=1e-2, state=StatePolicy("int8-b64", min_numel=0), compile=compile)
-    param.grad = torch.randn(7, 30)
-    opt.step()
+    for step in range(steps):
+        param.grad = torch.randn(7, 30, generator=torch.Generator().manual_seed(step))
+        if spy is not None and step == steps - 1:
+            spy(opt)
+        opt.step()
+    return param, opt
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_the_in_shape_step_leaves_the_pieces_to_its_caller(compile, monkeypatch):
+    """The rank-1 second moment is written in the step, the first moment's codes after it; compiled, the
+    parameter and state agree with the eager step's (codes equal but at rounding ties)."""
+    stored, before = [], {}
+
+    def spy(opt):
+        state = opt.state[opt.param_groups[0]["params"][0]]
+        before["key"] = next(k for k in state if k.startswith("adam.exp_avg@") and k.endswith(".codes"))
+        before["codes"] = state[before["key"]].clone()
+
+        def store(parts, later):
+            assert torch.equal(parts["adam.exp_avg"]["codes"], before["codes"]), "stored after the step, not in it"
+            stored.append(sorted(later))
+            store_pieces(parts, later)
+
+        monkeypatch.setattr(engine, "store_pieces", store)
+
+    param, opt = _steps(compile, 3, spy)
     state = opt.state[param]
-    codes_key = next(k for k in state if k.startswith("adam.exp_avg@") and k.endswith(".codes"))
-    before = state[codes_key].clone()
-    stored = []
-
-    def spy(parts, later):
-        assert torch.equal(parts["adam.exp_avg"]["codes"], before), "stored after the step, not in it"
-        stored.append(sorted(later))
-        store_pieces(parts, later)
-
-    monkeypatch.setattr(engine, "store_pieces", spy)
-    param.grad = torch.randn(7, 30)
-    opt.step()
     assert stored == [["adam.exp_avg"]]
-    assert not torch.equal(state[codes_key], before)
+    assert not torch.equal(state[before["key"]], before["codes"])
+    if compile:
+        monkeypatch.undo()
+        eager, eager_opt = _steps(False, 3)
+        torch.testing.assert_close(param, eager, rtol=1e-5, atol=1e-6)
+        for key, value in eager_opt.state[eager].items():
+            if value.dtype == torch.uint8:
+                assert (value != state[key]).float().mean() < 1e-2, key
+            else:
+                torch.testing.assert_close(value, state[key], rtol=1e-5, atol=1e-7)
