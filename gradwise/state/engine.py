@@ -28,7 +28,7 @@ from gradwise.state.policy import StatePolicy, policy_from
 from gradwise.state.prepared import Prepared
 from gradwise.state.runs import step_run, store_run
 from gradwise.state.shards import LocalShard
-from gradwise.state.store import store, stored_as, take
+from gradwise.state.store import local_parts, store, stored_as, take
 
 
 class EncodedState:
@@ -94,7 +94,7 @@ class EncodedState:
         for buffer, tag in encoded:
             signed = buffer not in self.nonnegative
             shard = _shard_of(state, buffer, p, self.traffic)
-            buffers[buffer] = codec_from(tag).decode(_local_parts(state, buffer, tag),
+            buffers[buffer] = codec_from(tag).decode(local_parts(state, buffer, tag),
                                                      p.shape if shard is None else local(p).shape, signed,
                                                      state_dtype(p), shard)
         return buffers
@@ -255,11 +255,6 @@ def _shard_of(state: Mapping[str, Tensor], buffer: str, p: Tensor, traffic: Traf
     plain parameter's, or the state of a sharded parameter's whole-tensor link, on its owner)."""
     values = [state[buffer]] if buffer in state else parts_of(state, buffer, stored_as(state, buffer)).values()
     return LocalShard.of(p, traffic) if any(isinstance(v, DTensor) for v in values) else None
-
-
-def _local_parts(state: Mapping[str, Tensor], buffer: str, tag: str) -> dict[str, Tensor]:
-    """The parts of ``buffer``, each its local tensor (a DTensor parameter's parts are DTensors)."""
-    return {part: local(value) for part, value in parts_of(state, buffer, tag).items()}
 
 
 def _named(param_groups: list[dict[str, Any]]):

@@ -20,6 +20,7 @@ from gradwise.core.executor import private_copy, run_chain
 from gradwise.core.phases import Phase
 from gradwise.core.transform import state_dtype
 from gradwise.state.codec import Codec
+from gradwise.state.quantize import write_pieces
 from gradwise.state.shards import LocalShard
 
 #: (buffer, codec, signed) for each encoded buffer of a parameter, in a fixed order.
@@ -57,8 +58,7 @@ def coded_step(phase: Phase, specs: Specs, param: Tensor, grad: Tensor, plain: M
 def store_pieces(parts: Mapping[str, Mapping[str, Tensor]], later: Mapping[str, list]) -> None:
     """Copy what ``coded_step`` left to store (``Codec.encode_pieces``) into the parts."""
     for buffer, pieces in later.items():
-        for name, offset, value in pieces:
-            parts[buffer][name][offset: offset + value.numel()].copy_(value.view(-1))
+        write_pieces(parts[buffer], pieces)
 
 
 #: Inductor's settings for a graph that ``recompute``s: a value read by several loops is recomputed in

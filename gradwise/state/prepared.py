@@ -32,9 +32,10 @@ from torch import Tensor
 from gradwise.core.executor import rounding_rows
 from gradwise.core.params import local
 from gradwise.core.phases import Phase
-from gradwise.core.state_keys import layout, parts_of
+from gradwise.core.state_keys import layout
 from gradwise.state.bf16_pairs import pairs_in
 from gradwise.state.runs import cut_runs, cut_steps, plan_runs
+from gradwise.state.store import local_parts
 
 _DATA_PTR = Tensor.data_ptr
 _STRIDE = Tensor.stride
@@ -65,8 +66,7 @@ class Prepared:
         encoded = tuple((b, tag) for b, tag in encoded if b in wanted)
         self.specs = specs_for(encoded)
         self.plain = {k: local(state[k]) for k in plain_keys if k in wanted}
-        self.parts = {buffer: {part: local(value) for part, value in parts_of(state, buffer, tag).items()}
-                      for buffer, tag in encoded}
+        self.parts = {buffer: local_parts(state, buffer, tag) for buffer, tag in encoded}
         self.runs = plan_runs(phase, self.specs, p, grad, self.plain, output) if keep else None
         self.pairs = self.cuts = None
         if self.runs is not None:

@@ -15,6 +15,8 @@ in their own element, and never inflate a scale.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch import Tensor
 
@@ -71,17 +73,14 @@ def encode_blocks(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: 
     absmax per block into ``codes`` and ``absmax``. The whole blocks and the remainder (a shorter
     last block) are encoded separately, each into its own slice: no padded or concatenated copy of
     the buffer is made, and a compiled step reads and writes every element exactly once."""
-    flat = x.reshape(-1).float()
-    for start, stop, rows in block_pieces(flat.numel(), block):
-        encode_block_rows(flat[start:stop].view(rows, -1), code_map, signed, seed, start,
-                          codes[start * bits // 8: (stop * bits + 7) // 8],
-                          absmax[start // block: start // block + rows], bits)
+    write_pieces({"codes": codes, "absmax": absmax}, block_pieces_codes(x, block, code_map, signed, seed, bits))
 
 
 def block_pieces_codes(x: Tensor, block: int, code_map: CodeMap, signed: bool, seed: Tensor | None, bits: int = 8
                        ) -> list[tuple[str, int, Tensor]]:
     """``encode_blocks``' codes and absmax as new tensors, ``(part, offset, values)`` for each piece of whole
-    blocks and the last block (``Codec.encode_pieces``)."""
+    blocks and the last block (``Codec.encode_pieces``). (A piece's ``start`` is even when ``bits`` is 4:
+    blocks are powers of two of at least 2 elements.)"""
     flat = x.reshape(-1).float()
     out = []
     for start, stop, rows in block_pieces(flat.numel(), block):
@@ -90,19 +89,16 @@ def block_pieces_codes(x: Tensor, block: int, code_map: CodeMap, signed: bool, s
     return out
 
 
-def encode_block_rows(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None, start: int | Tensor,
-                      codes: Tensor, absmax: Tensor, bits: int = 8) -> None:
-    """Encode ``rows`` (float32, one block a row; ``start``: the flat index of its first element)
-    into the codes and the absmax of those blocks. (``start`` is even when ``bits`` is 4: blocks are
-    powers of two of at least 2 elements.)"""
-    row_codes, scale = block_rows_codes(rows, code_map, signed, seed, start, bits)
-    codes.copy_(row_codes.view(-1))
-    absmax.copy_(scale)
+def write_pieces(parts: Mapping[str, Tensor], pieces: list[tuple[str, int, Tensor]]) -> None:
+    """Copy each ``(part, offset, values)`` into ``parts[part]`` (flat) from element ``offset`` on."""
+    for name, offset, value in pieces:
+        parts[name][offset: offset + value.numel()].copy_(value.view(-1))
 
 
 def block_rows_codes(rows: Tensor, code_map: CodeMap, signed: bool, seed: Tensor | None, start: int | Tensor,
                      bits: int = 8) -> tuple[Tensor, Tensor]:
-    """``encode_block_rows``' new parts as tensors of their own: the codes (``uint8``, a block a row,
+    """The new parts of ``rows`` (float32, one block a row; ``start``: the flat index of its first element)
+    as tensors of their own: the codes (``uint8``, a block a row,
     two elements a byte when ``bits`` is 4) and the absmax (one per row)."""
     scale = finite_absmax(rows, 1)
     row_codes = to_codes(rows, scale, code_map, signed, seed, start=start)

@@ -61,3 +61,8 @@ def stored_as(state: Mapping[str, Tensor], buffer: str) -> str:
     if buffer in state:
         return str(state[buffer].dtype).replace("torch.float", "fp")
     return next(t for b, t in layout(tuple(state))[1] if b == buffer)
+
+
+def local_parts(state: Mapping[str, Tensor], buffer: str, tag: str) -> dict[str, Tensor]:
+    """The parts of ``buffer``, each its local tensor (a DTensor parameter's parts are DTensors)."""
+    return {part: local(value) for part, value in parts_of(state, buffer, tag).items()}
