@@ -81,7 +81,7 @@ class SteadyBucket:
     chosen: list[int]
     #: compiled: the calls ``runner.prepare`` made of the chosen parameters, valid while ``memory`` is the same
     calls: list[tuple] | None
-    #: compiled: every parameter and its state tensors, their ``_memory`` then and the gradients' strides: what
+    #: compiled: every parameter and its state tensors, their ``memory_of`` then and the gradients' strides: what
     #: ``accepts`` and the prepared calls read of them
     tensors: list[Tensor] | None
     memory: tuple[list[int], list[tuple], list[tuple]] | None
@@ -142,7 +142,7 @@ class SteadyStep(PhasedStep):
                     or list(map(_VERSION, b.buffers["step"])) != b.versions or not _gradients_fit(b, grads) \
                     or self._runner(b.phase) is not b.runner \
                     or (b.runner is not None and (list(map(_STRIDE, grads)) != b.grad_strides
-                                                  or _memory(b.tensors) != b.memory)):
+                                                  or memory_of(b.tensors) != b.memory)):
                 return False
             runs.append((b, hyper, static, grads))
         done = []
@@ -217,7 +217,7 @@ class SteadyStep(PhasedStep):
                                      list(b.states), buffers, own, *self._hyper_values(b.group),
                                      int(b.states[0]["step"]), list(map(_VERSION, buffers["step"])),
                                      [(p.shape, p.dtype, p.device) for p in b.params], runner, chosen, calls,
-                                     tensors, None if runner is None else _memory(tensors),
+                                     tensors, None if runner is None else memory_of(tensors),
                                      None if runner is None else list(map(_STRIDE, b.inputs)),
                                      None if runner is not None else _batches(phase, b.params, keys, buffers, b.static),
                                      advancing, scalar_state(b.states, False) if advances else [],
@@ -243,7 +243,7 @@ def _gradients_fit(b: SteadyBucket, grads: list[Tensor]) -> bool:
     return True
 
 
-def _memory(tensors: list[Tensor]) -> tuple[list[int], list[tuple], list[tuple]]:
+def memory_of(tensors: list[Tensor]) -> tuple[list[int], list[tuple], list[tuple]]:
     """Where each tensor's memory starts, its shape and its strides: while they stay the same for a bucket's
     parameters and state (and its gradients' strides), ``accepts`` answers as before and the prepared calls' flat
     aliases read the same memory (``p.data = ...`` or an in-place ``set_`` changes them)."""

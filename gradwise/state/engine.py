@@ -3,8 +3,8 @@ checkpoints. ``EncodedState`` is the storage (``gradwise.core.storage``'s protoc
 for; the core optimizer calls it through that protocol and knows nothing else."""
 from __future__ import annotations
 
-import functools
 import warnings
+import weakref
 from collections import Counter
 from itertools import chain as chain_iterables
 from typing import Any, Callable, Mapping
@@ -185,7 +185,7 @@ class EncodedState:
         if keep:
             key = (phase, id(p))
             if key not in self._ready:
-                ready.forget_with(p, functools.partial(self._ready.pop, key, None))
+                weakref.finalize(p, self._ready.pop, key, None)  # a collected parameter drops its kept steps
             self._ready[key] = ready
         return ready
 

@@ -19,13 +19,12 @@ after checking, before anything is written, everything it was worked out from:
 A DTensor parameter's step (its local shard a new tensor at every step, and stepped in its shape) is worked
 out at every step, as before. A kept step holds its parameter weakly: one that is garbage collected (taken out
 of the optimizer's groups and state) takes its kept steps, and the memory their tensors hold, with it
-(``forget_with``).
+(``weakref.finalize``, ``engine.EncodedState._prepared``).
 """
 from __future__ import annotations
 
 import operator
 import weakref
-from typing import Callable
 
 from torch import Tensor
 
@@ -33,17 +32,10 @@ from gradwise.core.executor import rounding_rows
 from gradwise.core.params import local
 from gradwise.core.phases import Phase
 from gradwise.core.state_keys import layout
+from gradwise.core.steady import memory_of
 from gradwise.state.bf16_pairs import pairs_in
 from gradwise.state.runs import cut_runs, cut_steps, plan_runs
 from gradwise.state.store import local_parts
-
-_DATA_PTR = Tensor.data_ptr
-_STRIDE = Tensor.stride
-_SHAPE = operator.attrgetter("shape")
-
-
-def _memory(tensors: list[Tensor]) -> tuple[list[int], list, list]:
-    return list(map(_DATA_PTR, tensors)), list(map(_SHAPE, tensors)), list(map(_STRIDE, tensors))
 
 
 def _form(t: Tensor | None) -> tuple | None:
@@ -77,7 +69,7 @@ class Prepared:
         self.state, self.position, self.values = state, position, tuple(state.values())
         self.param = weakref.ref(p)
         self.tensors = [*self.plain.values(), *(v for own in self.parts.values() for v in own.values())]
-        self.memory = _memory([p, *self.tensors]) if keep else None
+        self.memory = memory_of([p, *self.tensors]) if keep else None
         self.dtype, self.grad, self.output = p.dtype, _form(grad), _form(output)
 
     def fits(self, p: Tensor, state: dict[str, Tensor], position: int, grad: Tensor, output: Tensor | None) -> bool:
@@ -86,11 +78,7 @@ class Prepared:
                 and p.dtype == self.dtype and len(state) == len(self.keys)
                 and all(map(operator.is_, map(state.get, self.keys), self.values))
                 and _form(grad) == self.grad and _form(output) == self.output
-                and _memory([p, *self.tensors]) == self.memory)
-
-    def forget_with(self, p: Tensor, forget: Callable[[], object]) -> None:
-        """Call ``forget`` (which drops this kept step) when ``p`` is garbage collected."""
-        weakref.finalize(p, forget)
+                and memory_of([p, *self.tensors]) == self.memory)
 
     def run_arguments(self, grad: Tensor, rounding_seed: int | None, output: Tensor | None):
         """``step_run``'s tensors for each run at this step: ``(param, grad, plain, parts, start, rounding,
