@@ -266,7 +266,7 @@ def _case_resume(rank: int) -> None:
 def _through_dcp(label: str, model, diloco, build, rank: int):
     """``model`` and ``diloco`` saved with ``torch.distributed.checkpoint`` (each worker's state under its
     own key: the workers' parameters and inner states differ) and loaded into a fresh model and DiLoCo."""
-    directory = os.path.join(tempfile.gettempdir(), f"gradwise-diloco-dcp-{os.getppid()}", label)
+    directory = os.path.join(tempfile.gettempdir(), f"gradwise-diloco-dcp-{os.getppid()}-{label}")
     fresh_model = _mlp()
     with torch.no_grad():
         for p in fresh_model.parameters():

@@ -238,7 +238,7 @@ def _case_diloco_over_fsdp2(rank: int) -> None:
         diloco = build(model, **kwargs)
         _train(diloco, model, _backward, range(saved_at), rank)
         assert bool(diloco.pending) == bool(kwargs), label
-        directory = os.path.join(tempfile.gettempdir(), f"gradwise-hsdp-dcp-{os.getppid()}", label)
+        directory = os.path.join(tempfile.gettempdir(), f"gradwise-hsdp-dcp-{os.getppid()}-{label}")
         resumed_model = _sharded_mlp(mesh["shard"])
         with torch.no_grad():
             for p in resumed_model.parameters():
