@@ -27,7 +27,7 @@ def test_bench_step_tiny_json(tmp_path):
     # a subprocess: the benchmark sets torch's thread count and compiles, which must not leak into other tests
     proc = subprocess.run(
         [sys.executable, "-m", "gradwise.cli", "bench", "step", "--size", "tiny", "--steps", "2",
-         "--recipes", "AdamW", "--paths", "eager,compiled", "--json", str(out)],
+         "--recipes", "AdamW", "--paths", "eager,compiled", "--copy-mb", "4", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "x fused" in proc.stdout and "copy bandwidth" in proc.stdout
@@ -36,7 +36,7 @@ def test_bench_step_tiny_json(tmp_path):
     header, rows = result["header"], result["rows"]
     assert header["threads"] == 1 and header["size"] == "tiny" and header["steps"] == 2
     assert header["tensors"] == 28 and header["params"] == 168_192
-    assert header["copy_bandwidth_gbs"] > 0
+    assert header["copy_bandwidth_gbs"] > 0 and header["copy_mb"] == 4
     assert [(r["recipe"], r["path"]) for r in rows] == [
         ("AdamW", "eager"), ("AdamW", "compiled"), ("torch AdamW", "fused"), ("torch AdamW", "foreach")]
     step_counters = 4 * header["tensors"] / header["params"]  # one 0-d float32 'step' per tensor
@@ -117,9 +117,10 @@ def test_bench_step_peers_times_each_recipes_reference_beside_it(tmp_path):
 
 
 def _bench_step(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """``bench/step.py --size tiny ARGS`` in a subprocess (it sets torch's thread count): the process, and its JSON."""
+    """``bench/step.py --size tiny ARGS`` in a subprocess (it sets torch's thread count), its copy bandwidth timed on 4
+    MiB (the default 512 MiB takes seconds a run): the process, and its JSON."""
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "bench/step.py", "--size", "tiny", *args, "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "bench/step.py", "--size", "tiny", *args, "--copy-mb", "4",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(out.read_text())
