@@ -119,12 +119,15 @@ class EncodedState:
             parts_out.append(reduced)
 
         stacked = Joins(phase, step_stacked)  # small parameters' eager runs, stepped together
-        for i, (p, state, position) in enumerate(zip(params, states, positions)):
-            grad, output = local(inputs[i]), None if outputs is None else local(outputs[i])
-            ready = self._prepared(phase, p, state, position, grad, output)
+        grads = [local(g) for g in inputs]
+        outs = [None] * len(params) if outputs is None else [local(o) for o in outputs]
+        readies = [self._prepared(phase, p, state, position, grad, output)
+                   for p, state, position, grad, output in zip(params, states, positions, grads, outs)]
+        steps = [int(state["step"]) for state in states]
+        for p, state, position, grad, output, ready, step, seeds in zip(
+                params, states, positions, grads, outs, readies, steps,
+                _seeds(readies, steps, positions, params)):
             specs, plain, parts = ready.specs, ready.plain, ready.parts
-            step = int(state["step"])
-            seeds = torch.tensor([seed(step, position, b) for b, _, _ in specs], dtype=torch.int64, device=p.device)
             shard = LocalShard.of(p, self.traffic)
             param_seed = seed(step, position, "param") if rounds_stochastically(static, p.dtype) else None
             if ready.runs is not None:
@@ -248,6 +251,19 @@ class EncodedState:
             store(state, buffer, value, kept, signed, seed(int(state.get("step", 0)), position, buffer), here)
             done.append((current, wanted))
         return done
+
+
+def _seeds(readies: list[Prepared], steps: list[int], positions: list[int], params: list[Tensor]) -> list[Tensor]:
+    """Each parameter's seeds at this step, one a buffer of its specs (``hashing.seed``), as int64 views of one
+    tensor: one tensor made a call, not one a parameter (a few microseconds each), where the parameters share
+    a device."""
+    rows = [[seed(step, position, b) for b, _, _ in ready.specs]
+            for ready, step, position in zip(readies, steps, positions)]
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        return [torch.tensor(row, dtype=torch.int64, device=p.device) for row, p in zip(rows, params)]
+    flat = torch.tensor([s for row in rows for s in row], dtype=torch.int64, device=devices.pop() if devices else None)
+    return list(flat.split([len(row) for row in rows]))
 
 
 def _shard_of(state: Mapping[str, Tensor], buffer: str, p: Tensor, traffic: Traffic | None) -> LocalShard | None:

@@ -79,7 +79,8 @@ class CompiledCodedStep(CountsGraphs):
     step: the decoded state is recomputed in the pass that reduces a block's new scale and in the one
     that encodes it and updates the parameter, where by default it is stored, a float32 copy written to
     memory and read back by each loop). The settings, and the full-width loads of 8-bit codes
-    (``gradwise.state.byte_loads``), are patched around this compile only. The engine
+    (``gradwise.state.byte_loads``), are patched around this compile only; inductor's size asserts are off, as
+    for the float step (``core/executor.py``): dynamo's guards have checked every input. The engine
     does not recompute a graph that writes a plain state buffer (Schedule-Free's z): read and
     overwritten in the one loop, it makes torch 2.13's fusion of that loop fail, as in-place codes do
     (``gradwise.state.runs``)."""
@@ -101,7 +102,7 @@ class CompiledCodedStep(CountsGraphs):
         operations = sum(node.op == "call_function" for node in gm.graph.nodes)
         settings = RECOMPUTE if self.recompute and operations <= RECOMPUTE_OPS else {}
         with config.patch(settings), full_width_byte_loads():
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, config_patches={"size_asserts": False})
 
     def __call__(self, *args: Any) -> Any:
         marks = self._marks()
