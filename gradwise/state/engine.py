@@ -119,14 +119,16 @@ class EncodedState:
             parts_out.append(reduced)
 
         stacked = Joins(phase, step_stacked)  # small parameters' eager runs, stepped together
+        # every parameter's step worked out (or its kept one checked) before any steps: the same work as one
+        # loop doing both, measured 15-20% faster a step on 100 small parameters (README: "The per-parameter
+        # work of an encoded step, apart from its steps")
         grads = [local(g) for g in inputs]
         outs = [None] * len(params) if outputs is None else [local(o) for o in outputs]
         readies = [self._prepared(phase, p, state, position, grad, output)
                    for p, state, position, grad, output in zip(params, states, positions, grads, outs)]
         steps = [int(state["step"]) for state in states]
-        for p, state, position, grad, output, ready, step, seeds in zip(
-                params, states, positions, grads, outs, readies, steps,
-                _seeds(readies, steps, positions, params)):
+        for p, position, grad, output, ready, step, seeds in zip(
+                params, positions, grads, outs, readies, steps, _seeds(readies, steps, positions, params)):
             specs, plain, parts = ready.specs, ready.plain, ready.parts
             shard = LocalShard.of(p, self.traffic)
             param_seed = seed(step, position, "param") if rounds_stochastically(static, p.dtype) else None
