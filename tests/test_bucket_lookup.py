@@ -11,8 +11,9 @@ MAPS = [("dynamic", 8, True), ("dynamic", 8, False), ("dynamic", 4, True), ("dyn
 
 
 def _probes(boundaries: torch.Tensor) -> torch.Tensor:
-    """Floats where a count can change or a lookup could go wrong: both ends of every finite bucket of 65536
-    floats, every boundary and the floats either side of it, and random finite floats of every magnitude."""
+    """Floats where a count can change or a lookup could go wrong: both ends of every bucket of 65536 floats,
+    every boundary and the floats either side of it, the infinities, and random floats of every magnitude (no
+    NaN: the encode never looks one up)."""
     top = torch.arange(1 << 16, dtype=torch.int64)
     ends = torch.cat([(top << 16), (top << 16) | 0xFFFF]).to(torch.int32).view(torch.float32)
     generator = torch.Generator().manual_seed(0)
@@ -21,8 +22,9 @@ def _probes(boundaries: torch.Tensor) -> torch.Tensor:
     probes = torch.cat([ends, random_bits.to(torch.int32).view(torch.float32), spread,
                         spread.sign() * 10 ** (torch.rand(1 << 20, generator=generator) * -9),
                         boundaries, boundaries.nextafter(torch.tensor(float("inf"))),
-                        boundaries.nextafter(torch.tensor(float("-inf"))), torch.tensor([0.0, -0.0])])
-    return probes[probes.isfinite()]
+                        boundaries.nextafter(torch.tensor(float("-inf"))),
+                        torch.tensor([0.0, -0.0, float("inf"), float("-inf")])])
+    return probes[~probes.isnan()]
 
 
 @pytest.mark.parametrize("right", [False, True], ids=["midpoints", "levels"])

@@ -20,7 +20,8 @@ _EXPONENT = 0x7F80
 
 
 class BucketLookup:
-    """``torch.bucketize(x, boundaries, right=right)`` for finite float32 ``x``, by the top 16 bits of ``x``."""
+    """``torch.bucketize(x, boundaries, right=right)`` for float32 ``x`` (infinities included, NaN not), by the top
+    16 bits of ``x``."""
 
     def __init__(self, counts: Tensor, thresholds: Tensor, right: bool):
         self.counts, self.thresholds, self.right = counts, thresholds, right
@@ -34,17 +35,17 @@ class BucketLookup:
         last = ((top << 16) | 0xFFFF).to(torch.int32).view(torch.float32)  # ... and with low bits 0xFFFF
         negative = top >= 0x8000  # a negative float's value falls as its low bits rise
         smallest, largest = torch.where(negative, last, first), torch.where(negative, first, last)
-        counts = torch.bucketize(smallest, boundaries, right=right)
-        finite = (top & _EXPONENT) != _EXPONENT  # infinities and NaNs: no finite value looks them up
+        finite = (top & _EXPONENT) != _EXPONENT  # else an infinity (low bits 0) and NaNs: the infinity's count
+        counts = torch.bucketize(torch.where(finite, smallest, first), boundaries, right=right)
         steps = torch.bucketize(largest, boundaries, right=right) - counts
         if bool((steps[finite] > 1).any()):
             return None
         inside = boundaries[counts.clamp(max=boundaries.numel() - 1)]
-        thresholds = torch.where(finite & (steps == 1), inside, float("inf"))
+        thresholds = torch.where(finite & (steps == 1), inside, float("nan"))  # NaN: no value is past it
         return cls(counts, thresholds, right)
 
     def __call__(self, x: Tensor) -> Tensor:
-        """The count of boundaries below each element of ``x`` (float32, finite; ``right``: at or below), int64,
+        """The count of boundaries below each element of ``x`` (float32, not NaN; ``right``: at or below), int64,
         shaped like ``x``."""
         top = ((x.view(torch.int32) >> 16) & 0xFFFF).reshape(-1)
         flat = x.reshape(-1)
