@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gradwise.state.bucket_lookup import BucketLookup
-from gradwise.state.maps import LOOKUP_MIN, CodeMap
+from gradwise.state.maps import LOOKUP_MIN, CodeMap, values_at
 
 MAPS = [("dynamic", 8, True), ("dynamic", 8, False), ("dynamic", 4, True), ("dynamic", 4, False),
         ("linear", 8, False), ("linear", 4, False)]
@@ -59,3 +59,12 @@ def test_two_boundaries_in_one_bucket_have_no_lookup_and_bucketize():
     close = torch.tensor([1.0, 1.0 + 2**-20, 2.0])  # the first two share a bucket (same top 16 bits)
     assert BucketLookup.build(close, right=False) is None
     assert BucketLookup.build(torch.tensor([1.0, 1.0 + 2**-7, 2.0]), right=False) is not None
+
+
+@pytest.mark.parametrize("count", [7, LOOKUP_MIN, 3 * LOOKUP_MIN + 5])
+def test_values_at_takes_what_indexing_takes(count):
+    table = torch.rand(256, generator=torch.Generator().manual_seed(2))
+    codes = torch.randint(0, 256, (count, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)).t()
+    for index in (codes, codes.long()):
+        taken = values_at(table, index)
+        assert taken.shape == index.shape and torch.equal(taken, table[index.long()])
