@@ -62,9 +62,9 @@ class _Decade(NamedTuple):
     start: float  # the level for k = 0 (the previous run's last level, or zero), as float32
 
 
-#: the fewest elements ``CodeMap`` looks up by top bits (``values_at``: takes by ``index_select``): below it one
-#: ``bucketize`` call is faster than the lookup's seven operations (one thread, 2-core AVX2 CPU: 24.7 against 40.1 us
-#: at 2048 elements, 141.6 against 47.7 at 4096)
+#: the fewest elements the eager ``CodeMap`` looks up by top bits, and ``values_at`` takes by ``index_select``: below
+#: it one ``bucketize`` call is faster than the lookup's seven operations (one thread, 2-core AVX2 CPU: 24.7 against
+#: 40.1 us at 2048 elements, 141.6 against 47.7 at 4096)
 LOOKUP_MIN = 4096
 
 
