@@ -123,12 +123,12 @@ class CodeMap:
         ``BucketLookup`` for float32 ``x`` of ``LOOKUP_MIN`` elements or more where the map's levels allow it: the
         same counts, a fraction of the time."""
         boundaries = self.table(x.device)[1 if right else 2]
-        if x.dtype != torch.float32 or x.numel() < LOOKUP_MIN:
-            return torch.bucketize(x, boundaries, right=right)
-        key = (x.device, right)
-        if key not in self._lookups:
-            self._lookups[key] = BucketLookup.build(boundaries, right)
-        lookup = self._lookups[key]
+        lookup = None
+        if x.dtype == torch.float32 and x.numel() >= LOOKUP_MIN:
+            key = (x.device, right)
+            if key not in self._lookups:
+                self._lookups[key] = BucketLookup.build(boundaries, right)
+            lookup = self._lookups[key]
         return torch.bucketize(x, boundaries, right=right) if lookup is None else lookup(x)
 
     def value(self, codes: Tensor, computed: bool | None = None) -> Tensor:
