@@ -103,9 +103,9 @@ def test_integer_codes_are_the_allowed_neighbours(codec, signed, data):
 
 
 def test_a_value_just_above_a_level_may_round_up_stochastically():
-    """int4's first moment rounds stochastically: a value 1e-8 above zero, in units of its block's absmax, is stored
-    as the next level (0.01) with probability 1e-8 / 0.01, a neighbour ``check_codes`` admits; its bracket within
-    1e-7 of the value alone did not, and the hypothesis test above failed once that way in a full run."""
+    """int4's first moment rounds stochastically: a value d < 1e-7 above zero, in units of its block's absmax, is
+    stored as the next level (0.01) with probability d / 0.01, a neighbour ``check_codes`` admits; its bracket within
+    1e-7 of the value alone did not (the likely cause of the hypothesis test above failing once in a full run)."""
     x = torch.rand(500, 128, generator=torch.Generator().manual_seed(0)) * 9e-8
     x[:, 0] = 1.0
     assert Int4().layout(x.shape, True)[2], "int4's signed buffers round stochastically"
