@@ -40,6 +40,7 @@ steps reach the graph packed in a tensor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import re
@@ -138,9 +139,9 @@ class GuardedGraphs:
         """``fn(**args)``: by a kept entry for ``key`` whose guards ``args`` pass, else by one from the store (when
         the caller named one), else through dynamo."""
         frame = {**self._defaults, **args}  # the frame's locals, as the guards read them
-        for guards, run in self._graphs.get(key, ()):
-            if guards.check(frame):
-                return run(**frame)
+        run = self._passing(key, frame)
+        if run is not None:
+            return run(**frame)
         if self._store is not None and self.ahead and _cache_entries is not None and graph_store.enabled():
             run = self._from_store(key, args, frame)
             if run is not None:
@@ -150,6 +151,22 @@ class GuardedGraphs:
         if self.ahead and _cache_entries is not None:
             self._keep(key, frame)
         return result
+
+    def ready(self, key: Hashable, args: dict[str, Any]) -> Callable[[], Any] | None:
+        """``fn(**args)`` as a call of no arguments, by a kept entry for ``key`` whose guards ``args`` pass now (None
+        where none does: ``__call__`` then compiles or loads one). For a caller that checks several calls' guards
+        before it runs the first (``CompiledStep.run_prepared``): a graph's run leaves the guards' objects out of
+        the CPU's caches, where the next check would find them again, one memory access at a time."""
+        frame = {**self._defaults, **args}
+        run = self._passing(key, frame)
+        return None if run is None else functools.partial(run, **frame)
+
+    def _passing(self, key: Hashable, frame: dict[str, Any]) -> Callable | None:
+        """The transformed code of the first kept entry for ``key`` whose guards ``frame`` passes, or None."""
+        for guards, run in self._graphs.get(key, ()):
+            if guards.check(frame):
+                return run
+        return None
 
     def _from_store(self, key: Hashable, args: dict[str, Any], frame: dict[str, Any]) -> Callable | None:
         """A graph for this call from the disk store (``core/graph_store.py``), kept for ``key``: loaded, else

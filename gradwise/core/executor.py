@@ -253,13 +253,23 @@ class CompiledStep(CountsGraphs):
         return calls
 
     def run_prepared(self, calls: list[tuple], grads: list[Tensor], values: Tensor, layout, static) -> None:
-        """Run the calls ``prepare`` made with this step's gradients; ``done`` counts as in ``__call__``."""
+        """Run the calls ``prepare`` made with this step's gradients; ``done`` counts as in ``__call__``. Every
+        call's arguments are made and its guards checked (``GuardedGraphs.ready``) before the first graph runs: a
+        large parameter's graph streams its tensors through the CPU's caches, and checked after it, the next
+        call's guards read their objects from memory (121 us a call on the 25m set, against 1.3 us in cache)."""
         self.done = 0
+        planned = []
         for start, stop, params, state, padding in calls:
             given = grads[start:stop]
             if self._flatten:
                 given = [flat_alias(g) for g in given] + padding
-            self._run(params, given, state, values, layout, static, None, None)
+            args = self._arguments_of(params, given, state, values, layout, static, None, None)
+            planned.append((stop, args, self._graphs.ready(self._key(args), args)))
+        for stop, args, ready in planned:
+            if ready is None:
+                self._run_arguments(args)
+            else:
+                ready()
             self.done = stop
 
     def _batches(self, count: int) -> list[tuple[int, int]]:
@@ -300,10 +310,24 @@ class CompiledStep(CountsGraphs):
 
     def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
         """One graph call on arguments as the graph takes them, compiling first if none takes them."""
-        key = (len(params), params[0].dtype, params[0].device, layout, tuple(sorted(static.items())), tuple(state))
-        marks = self._marks()
-        args = {"phase": self.phase, "params": params, "inputs": grads, "state": state, "values": values,
+        return self._run_arguments(self._arguments_of(params, grads, state, values, layout, static, rounding, outputs))
+
+    def _arguments_of(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Any]:
+        """The graph's arguments, by name."""
+        return {"phase": self.phase, "params": params, "inputs": grads, "state": state, "values": values,
                 "layout": layout, "static": static, "rounding": rounding, "outputs": outputs}
+
+    @staticmethod
+    def _key(args: dict[str, Any]) -> tuple:
+        """What decides a call's graph, as ``GuardedGraphs`` keys it."""
+        params = args["params"]
+        return (len(params), params[0].dtype, params[0].device, args["layout"],
+                tuple(sorted(args["static"].items())), tuple(args["state"]))
+
+    def _run_arguments(self, args: dict[str, Any]) -> dict[str, Tensor]:
+        """``_run`` on the graph's arguments."""
+        key, params = self._key(args), args["params"]
+        marks = self._marks()
         if key not in self._compiled_for:
             # compile on copies first: a graph that fails to compile then changes nothing
             self._graphs(key, self._stand_ins(args))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import Counter
+from functools import partial
 from itertools import chain as chain_iterables
 from typing import Any, Callable, Mapping
 
@@ -127,6 +128,7 @@ class EncodedState:
         readies = [self._prepared(phase, p, state, position, grad, output)
                    for p, state, position, grad, output in zip(params, states, positions, grads, outs)]
         steps = [int(state["step"]) for state in states]
+        planned = []  # each step as (graphs, key, fn, args, small, store what it left), in the parameters' order
         for p, position, grad, output, ready, step, seeds in zip(
                 params, positions, grads, outs, readies, steps, _seeds(readies, steps, positions, params)):
             specs, plain, parts = ready.specs, ready.plain, ready.parts
@@ -141,38 +143,44 @@ class EncodedState:
                         stacked.add((specs, ready.pairs, tuple(plain), run[0].shape[1], p.dtype, p.device), run,
                                     start, seeds)
                         continue
-                    (reduced, later), compiled = self._step(self._compiled_runs, key, step_run, (
-                        specs, ready.pairs, *run, seeds, values, layout_, static), compiled, run[0].numel() < 2,
-                        fall_back)
-                    store_run(run[3], later)
-                    parts_out.append(reduced)
+                    planned.append((self._compiled_runs, key, step_run, (specs, ready.pairs, *run, seeds, values,
+                                    layout_, static), run[0].numel() < 2, partial(store_run, run[3])))
                 continue
             rounding = None if param_seed is None else \
                 rounding_rows([param_seed], [0 if shard is None else shard.offset], p.device)
             args = (specs, local(p), grad, plain, parts, seeds, values, layout_, static, rounding, output)
             if shard is not None:  # eagerly: a scale a shard boundary cuts is all-reduced mid-step
-                parts_out.append(coded_step(phase, *args, shard=shard)[0])
+                planned.append((None, None, partial(coded_step, shard=shard), args, True, None))
                 continue
-            (reduced, later), compiled = self._step(self._compiled, (phase, False), coded_step, args, compiled,
-                                                    p.numel() < 2, fall_back)
-            store_pieces(parts, later)
+            planned.append((self._compiled, (phase, False), coded_step, args, p.numel() < 2,
+                            partial(store_pieces, parts)))
+        # every compiled step's guards checked before the first graph runs (``CompiledStep.run_prepared``)
+        checked = [graphs[key].ready(*args) if compiled and not small and key in graphs else None
+                   for graphs, key, _, args, small, _ in planned]
+        for (graphs, key, fn, args, small, keep), ready in zip(planned, checked):
+            if graphs is None:
+                parts_out.append(fn(phase, *args)[0])
+                continue
+            (reduced, later), compiled = self._step(graphs, key, fn, args, compiled, small, fall_back, ready)
+            keep(later)
             parts_out.append(reduced)
         stacked.flush()
         return parts_out
 
     def _step(self, graphs: dict[tuple[Phase, bool], CompiledCodedStep], key: tuple[Phase, bool], fn: Callable,
-              args: tuple, compiled: bool, small: bool, fall_back: Callable[[Exception], None]) -> tuple[Any, bool]:
+              args: tuple, compiled: bool, small: bool, fall_back: Callable[[Exception], None],
+              ready: Callable[[], Any] | None = None) -> tuple[Any, bool]:
         """``fn(phase, *args)``'s result (``key``: the phase and whether its graph may recompute, as
         ``CompiledCodedStep``'s): compiled (its graph in ``graphs``, of symbolic sizes for ``step_run``'s
-        runs) when ``compiled``, else eagerly, as is a ``small`` tensor (a graph of its own would cost a
-        compile for nothing) and the rest after a compile that failed; and whether the next call may
-        compile (False after such a failure)."""
+        runs; ``ready``: that graph's call, its guards already checked) when ``compiled``, else eagerly, as is a
+        ``small`` tensor (a graph of its own would cost a compile for nothing) and the rest after a compile that
+        failed; and whether the next call may compile (False after such a failure)."""
         phase, recompute = key
         if compiled and not small:
             if key not in graphs:
                 graphs[key] = CompiledCodedStep(phase, fn, dynamic=fn is step_run, recompute=recompute)
             try:
-                return graphs[key](*args), True
+                return (graphs[key](*args) if ready is None else ready()), True
             except Exception as error:
                 fall_back(error)
                 compiled = False

@@ -104,6 +104,11 @@ class CompiledCodedStep(CountsGraphs):
         with config.patch(settings), full_width_byte_loads():
             return compile_fx(gm, example_inputs, config_patches={"size_asserts": False})
 
+    def ready(self, *args: Any) -> Callable[[], Any] | None:
+        """``self(*args)`` as a call of no arguments where a graph compiled or loaded before takes them (its guards
+        checked now: ``GuardedGraphs.ready``), else None."""
+        return self._graphs.ready(None, dict(zip(self._names, (self.phase, *args))))
+
     def __call__(self, *args: Any) -> Any:
         marks = self._marks()
         reduced = self._graphs(None, dict(zip(self._names, (self.phase, *args))))
