@@ -8,8 +8,9 @@ compiles (or loads the graph from inductor's caches) and keeps an entry, its tra
 manager. From then on a call evaluates those entries' guards itself, in the same C++ guard manager, and runs the
 transformed code of the first entry whose guards pass as a plain function: the same guards, the same code, without
 the hook and the wrapper around them. Where none passes, dynamo is called again (it recompiles, or past its
-recompile limit refuses it, as a ``fullgraph`` compile does). While dynamo may trace, its duck shapes are off (equal
-lengths today need not be equal tomorrow).
+recompile limit refuses it, as a ``fullgraph`` compile does). A caller with several calls to make checks them all
+before it runs the first (``ready``): between two large graphs the guards' objects have left the CPU's caches.
+While dynamo may trace, its duck shapes are off (equal lengths today need not be equal tomorrow).
 
 The entries are read with ``torch._dynamo.eval_frame._debug_get_cache_entry_list``; on a torch without it, every
 call goes through dynamo.
