@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gradwise
+from tests.guard_checks import log_guard_checks
 
 #: a run codec's short last block (333), a matrix stepped in its shape for its rank-1 second moment (int8's
 #: 40 x 50), bf16's paired moments
@@ -135,3 +136,33 @@ def test_a_parameter_taken_out_of_the_optimizer_takes_its_kept_steps_with_it():
     del gone
     gc.collect()
     assert len(opt.storage._ready) == 2
+
+
+def test_a_compiled_encoded_step_checks_every_calls_guards_before_its_first_graph_runs(monkeypatch):
+    """The three parameters' four runs (one graph of symbolic sizes): their guards checked, then the graphs run. A guard
+    that fails (dynamo guards the thread count) compiles that call anew, as it would alone: the same bits as a run
+    without the change (bf16 has no reduction a thread count could reorder)."""
+    reference = _train("bf16", True, keep=True, steps=4)
+    params = _params()
+    opt = _build(params, "bf16", True)
+    generator = torch.Generator().manual_seed(1)
+    threads, events = torch.get_num_threads(), []
+    for step in range(4):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator) * 1e-2
+        if step == 2:
+            events = log_guard_checks(monkeypatch)
+        if step == 3:
+            calls = sum(len(ready.runs) for ready in opt.storage._ready.values())
+            assert calls == 4  # the short vector's whole blocks and its last block, the matrix, the long vector
+            assert events == ["check"] * calls + ["run"] * calls
+            events.clear()
+            compiles = opt.compile_stats["compiles"]
+            torch.set_num_threads(threads + 1)
+        try:
+            opt.step()
+        finally:
+            torch.set_num_threads(threads)
+    # the four checks before any graph, then the first call's own: it compiles (or loads) a graph for two threads
+    assert events[:5] == ["fail"] * 5 and opt.compile_stats["compiles"] > compiles
+    _assert_same(reference, (params, opt))

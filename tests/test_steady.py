@@ -11,10 +11,10 @@ from torch.optim import lr_scheduler
 
 from gradwise import Optimizer, chain
 from gradwise.core import executor
-from gradwise.core.ahead import GuardedGraphs
 from gradwise.core.namespaces import strip_namespace
 from gradwise.core.transform import advance_plan
 from gradwise.transforms import add_decayed_weights, cautious, scale_by_nadam, scale_by_schedule_free
+from tests.guard_checks import log_guard_checks
 from tests.registry import CASES
 
 #: recipes whose step is one phase of plain state on these models: every step after the first is a steady one
@@ -101,25 +101,6 @@ def test_compiled_steady_steps_equal_the_general_step(name):
     assert len(general) == 1
 
 
-def _logging_guard_checks(monkeypatch) -> list[str]:
-    """The compiled steps' guard checks ("check", "fail" where none passed) and graph runs ("run"), in order."""
-    events, passing = [], GuardedGraphs._passing
-
-    def spying(self, key, frame):
-        run = passing(self, key, frame)
-        events.append("check" if run is not None else "fail")
-        if run is None:
-            return None
-
-        def logged(**arguments):
-            events.append("run")
-            return run(**arguments)
-        return logged
-
-    monkeypatch.setattr(GuardedGraphs, "_passing", spying)
-    return events
-
-
 @pytest.mark.slow
 def test_a_compiled_steady_step_checks_every_calls_guards_before_its_first_graph_runs(monkeypatch):
     monkeypatch.setattr(executor, "GROUP", 2)  # the second group's four parameters of 2 elements or more: two calls
@@ -127,7 +108,7 @@ def test_a_compiled_steady_step_checks_every_calls_guards_before_its_first_graph
     models, opts = _pair(case, compile=True)
     general = _counting_general_steps(opts[0])
     _train(models, opts, 2)
-    events = _logging_guard_checks(monkeypatch)
+    events = log_guard_checks(monkeypatch)
     _train(models, opts, 1, first=2)
     assert len(general) == 1
     # the first group's one parameter (a call of its own), then the second group's two calls; the twin without steady
