@@ -267,7 +267,7 @@ class CompiledStep(CountsGraphs):
             planned.append((stop, args, self._graphs.ready(self._key(args), args)))
         for stop, args, ready in planned:
             if ready is None:
-                self._run_arguments(args)
+                self._run(args)
             else:
                 ready()
             self.done = stop
@@ -306,11 +306,8 @@ class CompiledStep(CountsGraphs):
 
     def _call(self, params, grads, states, values, layout, static, rounding, outputs, padding=0) -> dict[str, Tensor]:
         params, grads, states, outputs = self._arguments(params, grads, states, outputs, padding)
-        return self._run(params, grads, self._state_lists(states), values, layout, static, rounding, outputs)
-
-    def _run(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Tensor]:
-        """One graph call on arguments as the graph takes them, compiling first if none takes them."""
-        return self._run_arguments(self._arguments_of(params, grads, state, values, layout, static, rounding, outputs))
+        return self._run(self._arguments_of(params, grads, self._state_lists(states), values, layout, static, rounding,
+                                            outputs))
 
     def _arguments_of(self, params, grads, state, values, layout, static, rounding, outputs) -> dict[str, Any]:
         """The graph's arguments, by name."""
@@ -324,8 +321,9 @@ class CompiledStep(CountsGraphs):
         return (len(params), params[0].dtype, params[0].device, args["layout"],
                 tuple(sorted(args["static"].items())), tuple(args["state"]))
 
-    def _run_arguments(self, args: dict[str, Any]) -> dict[str, Tensor]:
-        """``_run`` on the graph's arguments."""
+    def _run(self, args: dict[str, Any]) -> dict[str, Tensor]:
+        """One graph call on arguments as the graph takes them (``_arguments_of``), compiling first if none takes
+        them."""
         key, params = self._key(args), args["params"]
         marks = self._marks()
         if key not in self._compiled_for:
