@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import graph_calls as bench_graph_calls
 from bench import memory as bench_memory
 from bench import overhead as bench_overhead
 from bench import step as bench_step
@@ -48,6 +49,17 @@ def test_overhead_times_every_row_on_a_small_set(capsys):
     assert bench_overhead.main(["--sets", "100 small", "--rounds", "1", "--steps", "1"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("100 small"))
     assert line.count("x)") == len(bench_overhead.DEFAULT_ROWS) and "(1.00x)" in line
+
+
+def test_graph_calls_splits_a_compiled_step_around_its_graphs_and_torchs_kernel(capsys):
+    assert bench_graph_calls.main(["--size", "tiny", "--recipes", "Lion", "--rounds", "2"]) == 0
+    rows = {line[:20].strip(): line[20:].split() for line in capsys.readouterr().out.splitlines()[2:]}
+    ours, theirs = rows["Lion"], rows["torch AdamW fused"]
+    assert int(ours[4]) >= 1 and int(theirs[4]) == 1  # graph calls; torch's one kernel call
+    assert theirs[1] == theirs[3] == "1.00" and float(theirs[6]) == 0.0  # torch against itself, no gap
+    step, graphs, before, between, after = (float(ours[i]) for i in (0, 2, 5, 6, 7))
+    # (the median of two rounds is their mean: the parts add up to the step, to the table's rounding)
+    assert 0 < graphs < step and abs(graphs + before + between + after - step) <= 0.03
 
 
 def test_overhead_rows_are_chosen_with_torchs_default_always_first(capsys):
