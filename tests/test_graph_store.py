@@ -237,6 +237,42 @@ def test_the_folder_follows_the_settings_the_key_and_the_tensors():
     assert folder(dynamic=False) != folder(x=torch.zeros(5, 2), dynamic=False)
 
 
+def test_the_vector_instruction_sets_are_probed_once_per_machine_and_probed_again_where_a_probe_refused_one(
+        tmp_path, monkeypatch):
+    """``vector_isa``: a process with no record probes as inductor does and records the list; a later process (its
+    probes forgotten, as a new one has them) takes the record without a probe, and picks the same; a record the
+    CPU's own list does not match (a probe refused one there) makes the probes again and is written anew."""
+    from torch._inductor import cpu_vec_isa
+
+    probes = []
+    real = cpu_vec_isa.VecISA.check_build
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build",
+                        lambda self, code: probes.append(str(self)) or real(self, code))
+
+    def new_process():
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        cpu_vec_isa.VecISA._VecISA__bool__impl.cache_clear()
+
+    new_process()
+    picked = graph_store.vector_isa(tmp_path)
+    probed = list(map(str, cpu_vec_isa.valid_vec_isa_list()))
+    (record,) = tmp_path.glob("isa-*.txt")
+    assert picked == str(cpu_vec_isa.pick_vec_isa()) and record.read_text().split() == probed
+    reported = cpu_vec_isa.x86_isa_checker()
+    if "avx2" in reported:  # (a CPU that reports one probes it: the first call did)
+        assert probes
+    made = len(probes)
+    new_process()
+    assert graph_store.vector_isa(tmp_path) == picked and len(probes) == made
+    assert list(map(str, cpu_vec_isa.valid_vec_isa_list())) == probed
+    record.write_text("\n".join([*probed, "amx_tile_refused"]))
+    new_process()
+    assert graph_store.vector_isa(tmp_path) == picked and record.read_text().split() == probed
+    if "avx2" in reported:
+        assert len(probes) > made
+    new_process()
+
+
 def _entry(guard_type: str, value, name="L['phase']._links[1][1].apply", is_global=False):
     from torch._dynamo.types import GuardFilterEntry
 

@@ -11,8 +11,8 @@ process or another, loads it, and uses it only where
 - it was written by this torch and this Python (torch checks, at load);
 - the folder's key matches: the caller's name and key (``GuardedGraphs``' key: the phase, counts, dtypes, layout),
   the call's tensors' dtypes and ranks (and sizes, for static shapes), this gradwise's source (every ``.py`` file
-  of the package), this machine's vector instruction set, and inductor's, dynamo's and AOTAutograd's settings as
-  they are now;
+  of the package), this machine's vector instruction set (``vector_isa``), and inductor's, dynamo's and
+  AOTAutograd's settings as they are now;
 - every source the tracing read outside gradwise and torch (a transform of the user's own) is unchanged, its whole
   module compared;
 - its guards, every one dynamo made but those ``GuardedGraphs`` leaves out (``left_out``), pass on the call's
@@ -75,10 +75,48 @@ def _package_digest() -> str:
 
 
 @functools.cache
-def _machine() -> tuple[str, ...]:
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
+def _machine(root: Path) -> tuple[str, ...]:
+    return torch.__version__, sys.version, platform.machine(), vector_isa(root)
 
-    return torch.__version__, sys.version, platform.machine(), str(pick_vec_isa())
+
+def vector_isa(root: Path) -> str:
+    """The vector instruction set inductor compiles for here (``pick_vec_isa``), with its probe made once per machine.
+
+    Inductor lists the instruction sets the CPU reports and keeps those a probe accepts: it builds a small library
+    for each and loads it in a new Python process, about half a second of every warm first step (the loaded graphs
+    ask for the list too). ``root`` keeps the list a probe made, by what decides it: this CPU's features
+    (``torch.cpu.get_capabilities``), torch, the compiler and inductor's settings. Where that list is the CPU's own,
+    this process takes the CPU's list unprobed (inductor's ``cpp.vec_isa_ok``, for that one call): the list the probe
+    would make. Otherwise, and without a record or the CPU's features, inductor probes as it would."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+
+    features = getattr(torch.cpu, "get_capabilities", dict)()
+    if not features or not hasattr(valid_vec_isa_list, "cache_info"):
+        return str(pick_vec_isa())
+    deciding = _canonical((torch.__version__, sys.platform, platform.machine(), config.cpp.cxx, config.cpp.simdlen,
+                           config.cpp.vec_isa_ok, os.environ.get("CXX"), os.environ.get("ATEN_CPU_CAPABILITY"),
+                           {k: v for k, v in features.items() if isinstance(v, (bool, str))}))
+    record = root / f"isa-{hashlib.sha256(deciding.encode()).hexdigest()[:32]}.txt"
+    try:
+        recorded = record.read_text().split()
+    except OSError:
+        recorded = None
+    if recorded is not None and not valid_vec_isa_list.cache_info().currsize:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            reported = list(map(str, valid_vec_isa_list()))
+        if reported != recorded:  # a probe refused one: probe again
+            valid_vec_isa_list.cache_clear()
+    probed = list(map(str, valid_vec_isa_list()))
+    if probed != recorded:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            written = record.with_name(f"{record.name}.{uuid.uuid4().hex}.tmp")
+            written.write_text("\n".join(probed))
+            os.replace(written, record)
+        except OSError as error:
+            logger.debug("did not record the vector instruction sets in %s: %s", root, error)
+    return str(pick_vec_isa())
 
 
 def _canonical(value: Any) -> str:
@@ -116,9 +154,9 @@ def folder(name: str, key: Hashable, frame: dict[str, Any], dynamic: bool) -> Pa
     ``frame``'s (``signature``)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    text = _canonical((FORMAT, name, key, signature(frame, dynamic), _package_digest(), _machine(), _settings()))
     named = os.environ.get(ENV, "")
     root = Path(named) if named not in ("", "1") else Path(cache_dir()) / "gradwise-graphs"
+    text = _canonical((FORMAT, name, key, signature(frame, dynamic), _package_digest(), _machine(root), _settings()))
     return root / hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
