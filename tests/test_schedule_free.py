@@ -237,3 +237,54 @@ def test_a_bucket_advances_with_each_parameters_own_bits(exponent):
         link.advance(state, hyper, scalars)
     for a, b in zip(bucket, each):
         assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_steady_bucket_advances_as_advance_many_through_writes_loads_and_roll_backs():
+    """``advancer`` (a steady step's, its 0-d state kept stacked between calls) against ``advance_many`` on a copy,
+    eight steps: a user's write to one tensor, a tensor given new memory (``.data``) and a roll back of one step, each
+    between two calls, are read again; every lr_max, weight sum and ckp1 has the same bits after every step, and the
+    roll back puts the step's values back exactly."""
+    link = scale_by_schedule_free("betas")
+    generator = torch.Generator().manual_seed(0)
+    kept = [link.init(torch.zeros(3, dtype=torch.float64), {}) for _ in range(40)]
+    for st in kept[::3]:  # (parameters that missed steps: their 0-d state differs)
+        st["lr_max"].copy_(torch.rand((), generator=generator, dtype=torch.float64))
+        st["weight_sum"].copy_(torch.rand((), generator=generator, dtype=torch.float64))
+    stepped = copy.deepcopy(kept)
+    advance = link.advancer(kept)
+    assert type(advance).__name__ == "StackedAdvance"
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), warmup_steps=3, r=0.5, weight_lr_power=2.0)
+    for step in range(1, 9):
+        scalars = link.scalars(hyper, step)
+        if step == 3:
+            for states in (kept, stepped):
+                states[5]["weight_sum"].add_(0.25)
+        if step == 5:
+            for states in (kept, stepped):
+                states[7]["lr_max"].data = torch.tensor(0.5, dtype=torch.float64)
+        before = copy.deepcopy(kept)
+        saved = []
+        advance(hyper, scalars, saved)
+        if step == 6:  # a failed step's roll back (``buckets.roll_back``)
+            for tensors, old in saved:
+                torch._foreach_copy_(tensors, list(old.unbind()))
+            assert all(torch.equal(a[k], b[k]) for a, b in zip(kept, before) for k in a)
+            continue
+        link.advance_many(stepped, hyper, scalars)
+        for a, b in zip(kept, stepped):
+            assert all(torch.equal(a[k], b[k]) for k in ("lr_max", "weight_sum", "ckp1")), (step, a, b)
+
+
+def test_a_bucket_of_one_or_of_mixed_dtypes_advances_through_advance_many():
+    """``advancer`` stacks only a bucket of two parameters or more whose 0-d state is of one dtype and device; else
+    it is ``advance_many``'s (``Transform.advancer``), which saves the 0-d state before it writes."""
+    link = scale_by_schedule_free("betas")
+    mixed, one = ([link.init(torch.zeros(2, dtype=torch.float64), {}) for _ in range(n)] for n in (2, 1))
+    mixed[1]["ckp1"] = mixed[1]["ckp1"].float()
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), warmup_steps=0, r=0.0, weight_lr_power=2.0)
+    for states in (mixed, one):
+        advance, saved = link.advancer(states), []
+        assert type(advance).__name__ != "StackedAdvance"
+        advance(hyper, link.scalars(hyper, 1), saved)
+        assert [len(tensors) for tensors, _ in saved] == [len(states)] * 3
+        assert all(float(st["lr_max"]) == 0.01 and float(st["ckp1"]) == 1.0 for st in states)

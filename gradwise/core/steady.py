@@ -36,7 +36,7 @@ from typing import Any
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.buckets import Bucket, roll_back, scalar_state, snapshot
+from gradwise.core.buckets import Bucket, roll_back
 from gradwise.core.eager import EAGER_CHUNK, in_one_call, run_eager
 from gradwise.core.executor import CompiledStep, run_chain
 from gradwise.core.hyper_check import check_hyperparameters
@@ -88,11 +88,10 @@ class SteadyBucket:
     grad_strides: list[tuple] | None
     #: eager, small parameters: the ``(start, stop, state lists)`` of each batch ``run_eager`` would make
     batches: list[tuple[int, int, dict[str, list[Tensor]]]] | None
-    #: a link advances 0-d state: the calls ``advance_many`` makes (``advance_plan``: each advancing link, its namespace
-    #: and its own states, taken off each parameter's state but its counter once, ``Namespaced``), and the 0-d
-    #: tensors a roll back restores (``scalar_state``); None and [] when none does
-    advancing: list[tuple[Any, str, list]] | None
-    scalars: list[list[Tensor]]
+    #: a link advances 0-d state: the calls ``advance_many`` makes (``advance_plan``: each advancing link and its own
+    #: states, taken off each parameter's state but its counter once, ``Namespaced``), as ``(link.advancer(states),
+    #: namespace)``: each call adds what a roll back restores; None when none does
+    advancing: list[tuple[Any, str]] | None
     #: how many keys each parameter's state had
     sizes: list[int]
 
@@ -160,14 +159,14 @@ class SteadyStep(PhasedStep):
         steps = b.buffers["step"]
         b.hyper, b.static = hyper, static  # (the values of a group whose hyperparameters changed, for next time)
         scalars = b.chain.scalars(b.group, b.count + 1)
-        saved = snapshot(b.scalars) if b.advancing is not None else []
+        saved = []  # (the advancers add the 0-d state they write, before they write it)
         done.append(Bucket(b.group, (b.phase,), b.params, b.states, None, (), static, grads, [], saved))
         lists.count_up_(steps)
         b.count += 1
         b.versions = list(map(_VERSION, steps))
         if b.advancing is not None:
-            for link, namespace, states in b.advancing:
-                link.advance_many(states, b.group, strip_namespace(namespace, scalars))
+            for advance, namespace in b.advancing:
+                advance(b.group, strip_namespace(namespace, scalars), saved)
         values, layout = self._constants.pack(b.slot, hyper, scalars, b.dtype, b.params[0].device)
         if b.runner is not None:  # as ``_run_phase``: the graphs take the chosen parameters, the rest run eagerly
             chosen = b.chosen
@@ -208,8 +207,9 @@ class SteadyStep(PhasedStep):
                 return
             runner, chain = self._runner(phase), self.chain_of(b.group)
             advances = self._uses(chain, "advance")
-            advancing = advance_plan(chain, [Namespaced({k: v for k, v in st.items() if k != "step"})
-                                             for st in b.states]) if advances else None
+            advancing = [(link.advancer(states), namespace) for link, namespace, states in advance_plan(
+                chain, [Namespaced({k: v for k, v in st.items() if k != "step"}) for st in b.states])] \
+                if advances else None
             chosen = [] if runner is None else _accepted(runner, b.params, b.inputs, own)
             calls = None if runner is None else runner.prepare(*_pick(chosen, b.params, b.inputs, own))
             tensors = None if runner is None else [t for p, st in zip(b.params, own) for t in (p, *st.values())]
@@ -220,8 +220,7 @@ class SteadyStep(PhasedStep):
                                      tensors, None if runner is None else memory_of(tensors),
                                      None if runner is None else list(map(_STRIDE, b.inputs)),
                                      None if runner is not None else _batches(phase, b.params, keys, buffers, b.static),
-                                     advancing, scalar_state(b.states, False) if advances else [],
-                                     list(map(len, b.states))))
+                                     advancing, list(map(len, b.states))))
         self._steady = Steady(self.state, self.transform, [(g, list(ps)) for g, ps in work], kept)
 
 

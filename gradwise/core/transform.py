@@ -158,6 +158,18 @@ class Transform:
         for link, namespace, own in _advanced_below(self, states):
             link.advance_many(own, hyper, strip_namespace(namespace, scalars))
 
+    def advancer(self, states: list[Mapping[str, Tensor]]):
+        """``advance_many`` on ``states``, as a call ``(hyper, scalars, saved)`` for a caller that advances the same
+        states step after step (a steady step, ``core/steady.py``, through ``advance_plan``). The call first adds to
+        ``saved`` what a roll back copies back (``(tensors, a stacked copy)`` of the 0-d state it writes). A transform
+        may keep between calls what it can reuse (Schedule-Free keeps its 0-d state stacked)."""
+        zero_d = [[st[k] for st in states] for k, v in states[0].items() if v.dim() == 0] if states else []
+
+        def advance(hyper: Mapping[str, Any], scalars: Mapping[str, float], saved: list) -> None:
+            saved += [(tensors, torch.stack(tensors)) for tensors in zero_d]
+            self.advance_many(states, hyper, scalars)
+        return advance
+
     def update(self, updates: list[Tensor], state: Mapping[str, list[Tensor]], ctx: Context) -> list[Tensor]:
         raise NotImplementedError
 

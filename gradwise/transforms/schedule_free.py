@@ -15,6 +15,8 @@ set per param group and advances it on every step).
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor
 
@@ -100,17 +102,29 @@ class scale_by_schedule_free(Transform):  # noqa: N801
 
     def advance_many(self, states, hyper, scalars) -> None:
         """``advance`` on every state of a bucket, bit for bit, in a few ops on stacked copies of the 0-d
-        state and one foreach copy back per key, instead of a few ops per parameter."""
+        state and one foreach copy back, instead of a few ops per parameter."""
         if len(states) < 2:
             super().advance_many(states, hyper, scalars)
             return
-        lr_maxes, sums, ckp1s = ([st[k] for st in states] for k in ("lr_max", "weight_sum", "ckp1"))
-        lr_max = torch.stack(lr_maxes).clamp_(min=scalars["scheduled_lr"])
-        weight = scalars["step_weight"] * _pow_each(lr_max, hyper["weight_lr_power"])
-        weight_sum = torch.stack(sums).add_(weight)
-        for tensors, new in ((lr_maxes, lr_max), (sums, weight_sum),
-                             (ckp1s, torch.where(weight_sum > 0, weight / weight_sum, 0.0))):
-            torch._foreach_copy_(tensors, list(new.unbind()))
+        tensors = [st[k] for k in _ADVANCED for st in states]
+        old = torch.stack(tensors[:2 * len(states)]).view(2, len(states))  # (ckp1 is not read)
+        new = old.new_empty((len(_ADVANCED), len(states)))
+        self._advanced(old, new, hyper, scalars)
+        torch._foreach_copy_(tensors, list(new.view(-1).unbind()))
+
+    def advancer(self, states):
+        """``advance_many`` on the same bucket step after step, its 0-d state kept stacked (``StackedAdvance``)."""
+        if len(states) < 2 or len({(st[k].dtype, st[k].device) for st in states for k in _ADVANCED}) != 1:
+            return super().advancer(states)
+        return StackedAdvance(self, states)
+
+    def _advanced(self, old: Tensor, new: Tensor, hyper, scalars) -> None:
+        """``new``'s rows lr_max, weight sum and ckp1 after ``advance``, from ``old``'s lr_max and weight sum before
+        it (one column per parameter): ``advance``'s ops, one per row."""
+        torch.clamp(old[0], min=scalars["scheduled_lr"], out=new[0])
+        weight = scalars["step_weight"] * _pow_each(new[0], hyper["weight_lr_power"])
+        torch.add(old[1], weight, out=new[1])
+        new[2].copy_(torch.where(new[1] > 0, weight / new[1], 0.0))
 
     def update(self, updates: list[Tensor], state, ctx: Context) -> list[Tensor]:
         """Per tensor, (z - y) c + d lr (beta (1 - c) - 1) and z <- z - d lr, as list ops (``core/lists.py``): the
@@ -152,6 +166,45 @@ class scale_by_schedule_free(Transform):  # noqa: N801
 
     def __repr__(self) -> str:
         return f"scale_by_schedule_free(beta={self.beta!r})"
+
+
+#: the 0-d state ``advance`` writes, in the order of the stacked rows
+_ADVANCED = ("lr_max", "weight_sum", "ckp1")
+_VERSION = operator.attrgetter("_version")
+
+
+class StackedAdvance:
+    """Schedule-Free's ``advance_many`` on one bucket's states, step after step (``Transform.advancer``).
+
+    ``advance_many`` stacks the 0-d state at every call and copies the result back through views it makes anew.
+    This keeps it stacked between calls, in two buffers (one row per key, one column per parameter) with each
+    element's 0-d view made once. A call computes the new rows from the buffer holding the values now into the
+    other, copies them into every parameter's tensors in one foreach copy, and leaves the old rows as the roll
+    back's copy (``saved``), where ``advance_many`` stacks them again. Whenever a tensor was written or moved since
+    the last call (its ``_version``, its ``data_ptr``: a roll back, a user's write, a load), the buffer is read from
+    the state again first. Bit for bit ``advance_many``: the same ops on the same stacked values.
+    """
+
+    def __init__(self, link: scale_by_schedule_free, states) -> None:
+        self.link = link
+        self.tensors = [st[k] for k in _ADVANCED for st in states]
+        self.buffers = self.tensors[0].new_empty((2, len(_ADVANCED), len(states)))
+        self.views = [list(b.view(-1).unbind()) for b in self.buffers]
+        self.current = 0  # the buffer that holds the state's values after the last call
+        self.marks: tuple[list[int], list[int]] | None = None
+
+    def _marks(self) -> tuple[list[int], list[int]]:
+        return list(map(_VERSION, self.tensors)), list(map(Tensor.data_ptr, self.tensors))
+
+    def __call__(self, hyper, scalars, saved: list) -> None:
+        old, new = self.current, 1 - self.current
+        if self._marks() != self.marks:
+            torch._foreach_copy_(self.views[old], self.tensors)
+        saved.append((self.tensors, self.buffers[old].view(-1)))
+        self.link._advanced(self.buffers[old], self.buffers[new], hyper, scalars)
+        torch._foreach_copy_(self.tensors, self.views[new])
+        self.current = new
+        self.marks = self._marks()
 
 
 #: exponents torch's pow computes by the same formula for a vector as for one element (x x, sqrt, 1 / x, ...)
