@@ -201,6 +201,34 @@ def test_any_change_runs_the_general_step_with_the_same_result(change):
     assert 2 <= len(general) < 16
 
 
+@pytest.mark.parametrize("counters", ["past float32's 2**24", "of two dtypes"])
+def test_the_steady_steps_counters_count_as_the_general_steps(counters):
+    """A steady step counts its bucket's counters up stacked and copies them back (``steady.count_up``): bit for bit
+    the general step's ``add_`` a counter, past 2**24, where a float32 count stops moving; a bucket whose counters
+    differ in dtype counts each up on its own."""
+    (case,) = [c for c in CASES if c.name == "adamw"]
+    models, opts = _pair(case)
+    general = _counting_general_steps(opts[0])
+
+    def set_counters(step, model, opt):
+        if step == 2:
+            for i, p in enumerate(model.parameters()):
+                if counters == "of two dtypes":
+                    opt.state[p]["step"] = opt.state[p]["step"].double() if i % 2 else opt.state[p]["step"]
+                else:
+                    opt.state[p]["step"].fill_(2**24 - 3)
+
+    _train(models, opts, 10, between=set_counters)
+    _assert_same(models, opts)
+    assert len(general) == 2  # the first step, and the first after the change
+    steps = [opts[0].state[p]["step"] for p in models[0].parameters()]
+    if counters == "of two dtypes":
+        assert {c.dtype for c in steps} == {torch.float32, torch.float64} and {float(c) for c in steps} == {10.0}
+        assert opts[0]._steady.buckets[-1].counters is None  # (the second group: both dtypes)
+    else:
+        assert {float(c) for c in steps} == {2.0**24} and opts[0]._steady.buckets[0].counters is not None
+
+
 def test_a_new_hyperparameter_value_is_checked_and_taken_by_the_steady_step():
     (case,) = [c for c in CASES if c.name == "adamw"]
     models, opts = _pair(case)
