@@ -2,7 +2,6 @@
 step that fails or is skipped puts back what preparing them wrote (``roll_back``)."""
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +9,6 @@ import torch
 from torch import Tensor
 
 from gradwise.core.executor import Layout
-from gradwise.core.params import local
 from gradwise.core.phases import Phase
 from gradwise.core.sharding import Sharding
 
@@ -41,24 +39,6 @@ class Bucket:
 
     def key(self, i: int) -> Tensor:
         return self.params[i] if self.keys is None else self.keys[i]
-
-
-def scalar_state(states: list[dict[str, Tensor]], sharded: bool) -> list[list[Tensor]]:
-    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as one
-    list of tensors per key. (A key's tensors are made alike, by one link's ``init``, on the parameters' device;
-    ``sharded``: their local parts.)"""
-    kept: dict[str, list[Tensor]] = defaultdict(list)
-    for st in states:
-        for k, v in st.items():
-            if k != "step" and v.dim() == 0:
-                kept[k].append(local(v) if sharded else v)
-    return list(kept.values())
-
-
-def snapshot(scalars: list[list[Tensor]]) -> list[tuple[list[Tensor], Tensor]]:
-    """(the tensors, a stacked copy of them) for each list of ``scalar_state``: one stack per key, not a clone per
-    tensor, which a step of many parameters would pay once per parameter and key; ``roll_back`` copies them back."""
-    return [(tensors, torch.stack(tensors)) for tensors in scalars]
 
 
 def roll_back(optimizer, buckets: list[Bucket]) -> None:

@@ -8,14 +8,18 @@ tensor, exactly the op its name says, so a link written with them gives the same
 (on the CPU, and wherever torch has no fused kernel, a foreach op runs that very op on each tensor).
 Traced by ``torch.compile`` they unroll into the per-tensor ops, so the compiled graphs are those of
 the loop. ``y`` may be a Python number, a 0-d tensor (broadcast to every tensor of the list) or a list.
+``scalar_state`` and ``snapshot`` gather a bucket's 0-d state and copy it for a step's roll back.
 """
 from __future__ import annotations
 
 import operator
+from collections import defaultdict
 from typing import Union
 
 import torch
 from torch import Tensor
+
+from gradwise.core.params import local
 
 Operand = Union[Tensor, float, list]
 
@@ -269,3 +273,21 @@ def fused_kernel_takes(params: list[Tensor], updates: list[Tensor], state) -> bo
 
 
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
+def scalar_state(states: list[dict[str, Tensor]], sharded: bool) -> list[list[Tensor]]:
+    """The 0-d state of ``states`` but their step counters (what ``advance`` and a link's ``prepare`` write), as one
+    list of tensors per key. (A key's tensors are made alike, by one link's ``init``, on the parameters' device;
+    ``sharded``: their local parts.)"""
+    kept: dict[str, list[Tensor]] = defaultdict(list)
+    for st in states:
+        for k, v in st.items():
+            if k != "step" and v.dim() == 0:
+                kept[k].append(local(v) if sharded else v)
+    return list(kept.values())
+
+
+def snapshot(scalars: list[list[Tensor]]) -> list[tuple[list[Tensor], Tensor]]:
+    """(the tensors, a stacked copy of them) for each list of ``scalar_state``: one stack per key, not a clone per
+    tensor, which a step of many parameters would pay once per parameter and key; ``roll_back`` copies them back."""
+    return [(tensors, torch.stack(tensors)) for tensors in scalars]

@@ -231,8 +231,8 @@ class SteadyStep(PhasedStep):
 
 def count_up(b: SteadyBucket, counters: list[Tensor]) -> None:
     """``lists.count_up_(counters)``, the counters of ``b``: its stacked copy of them counted up and copied into each in
-    one foreach copy (34 us for 76 counters on the CPU, against 170 us for one ``add_`` a counter, and one kernel on
-    a GPU). The copy holds their values: ``_steady_run`` has found no write to them since the last step's."""
+    one foreach copy (in the CPU's caches, 34 us for 76 counters against 170 us for one ``add_`` a counter; on a GPU,
+    one kernel). The copy holds their values: ``_steady_run`` has found no write to them since the last step's."""
     if b.counters is None:
         lists.count_up_(counters)
         return

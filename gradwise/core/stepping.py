@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gradwise.core import lists
-from gradwise.core.buckets import Bucket, roll_back, scalar_state, snapshot
+from gradwise.core.buckets import Bucket, roll_back
 from gradwise.core.constants import ConstantBuffers
 from gradwise.core.eager import run_eager
 from gradwise.core.executor import CompiledStep, rounding_rows, run_chain, unpack, with_totals
@@ -140,7 +140,7 @@ class PhasedStep(ShardedStep):
             whole = len(members) == len(params)
             chosen = params if whole else [params[i] for i in members]
             chosen_states = states if whole else [states[i] for i in members]
-            saved = snapshot(scalar_state(chosen_states, sharded)) if writes_0d else []
+            saved = lists.snapshot(lists.scalar_state(chosen_states, sharded)) if writes_0d else []
             if advances:  # the whole bucket in one call (a link may advance it in one op per list)
                 transform.advance_many([{k: local(v) if sharded else v for k, v in st.items() if k != "step"}
                                         for st in chosen_states], group, scalars)

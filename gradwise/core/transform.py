@@ -163,10 +163,10 @@ class Transform:
         states step after step (a steady step, ``core/steady.py``, through ``advance_plan``). The call first adds to
         ``saved`` what a roll back copies back (``(tensors, a stacked copy)`` of the 0-d state it writes). A transform
         may keep between calls what it can reuse (Schedule-Free keeps its 0-d state stacked)."""
-        zero_d = [[st[k] for st in states] for k, v in states[0].items() if v.dim() == 0] if states else []
+        zero_d = lists.scalar_state(states, False)
 
         def advance(hyper: Mapping[str, Any], scalars: Mapping[str, float], saved: list) -> None:
-            saved += [(tensors, torch.stack(tensors)) for tensors in zero_d]
+            saved += lists.snapshot(zero_d)
             self.advance_many(states, hyper, scalars)
         return advance
 

@@ -181,8 +181,8 @@ class StackedAdvance:
     element's 0-d view made once. A call computes the new rows from the buffer holding the values now into the
     other, copies them into every parameter's tensors in one foreach copy, and leaves the old rows as the roll
     back's copy (``saved``), where ``advance_many`` stacks them again. Whenever a tensor was written or moved since
-    the last call (its ``_version``, its ``data_ptr``: a roll back, a user's write, a load), the buffer is read from
-    the state again first. Bit for bit ``advance_many``: the same ops on the same stacked values.
+    the last call (its ``_version``, its ``data_ptr``: a roll back, a user's write, ``.data`` set), the buffer is
+    read from the state again first. Bit for bit ``advance_many``: the same ops on the same stacked values.
     """
 
     def __init__(self, link: scale_by_schedule_free, states) -> None:
