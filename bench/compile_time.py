@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 from gradwise.cli_bench import RECIPES, names_argument, positive_int_argument  # noqa: E402
 from gradwise.help_format import HelpFormatter  # noqa: E402
-from gradwise.shapes import SIZES, gpt2_shapes  # noqa: E402
+from gradwise.shapes import SIZES, gpt2_parameters  # noqa: E402
 
 
 def first_steps(recipe: str, size: str, threads: int) -> dict:
@@ -46,12 +46,7 @@ def first_steps(recipe: str, size: str, threads: int) -> dict:
     from gradwise.arena.runner import peak_rss_mb, reset_peak_rss, rss_now_mb
 
     torch.set_num_threads(threads)
-    generator = torch.Generator().manual_seed(0)
-    params = []
-    for _, shape in gpt2_shapes(*SIZES[size]):
-        p = torch.nn.Parameter(torch.randn(shape, generator=generator) * 0.02)
-        p.grad = torch.randn(shape, generator=generator) * 1e-3
-        params.append(p)
+    params = gpt2_parameters(size)
     if recipe == "torch":
         optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
     else:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 from gradwise.cli_bench import RECIPES, WARMUP, names_argument, positive_int_argument  # noqa: E402
 from gradwise.help_format import HelpFormatter  # noqa: E402
-from gradwise.shapes import SIZES, gpt2_shapes  # noqa: E402
+from gradwise.shapes import SIZES, gpt2_parameters  # noqa: E402
 
 COLUMNS = ("step ms", "x fused", "graphs ms", "x kernel", "calls", "before ms", "between ms", "after ms")
 
@@ -54,18 +54,6 @@ class Spans:
                 "between": sum(marks[i + 1][0] - marks[i][1] for i in range(len(marks) - 1))}
 
 
-def parameters(size: str):
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    out = []
-    for _, shape in gpt2_shapes(*SIZES[size]):
-        p = torch.nn.Parameter(torch.randn(shape, generator=generator) * 0.02)
-        p.grad = torch.randn(shape, generator=generator) * 1e-3
-        out.append(p)
-    return out
-
-
 def measure(recipe: str, size: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds (and calls) of the recipe's compiled step and of torch's fused AdamW, interleaved."""
     import torch
@@ -74,8 +62,8 @@ def measure(recipe: str, size: str, rounds: int) -> tuple[dict[str, float], dict
     import gradwise
 
     name, hyper, _ = RECIPES[recipe]
-    ours = getattr(gradwise, name)(parameters(size), **hyper, compile=True)
-    theirs = torch.optim.AdamW(parameters(size), **RECIPES["AdamW"][1], fused=True)
+    ours = getattr(gradwise, name)(gpt2_parameters(size), **hyper, compile=True)
+    theirs = torch.optim.AdamW(gpt2_parameters(size), **RECIPES["AdamW"][1], fused=True)
     for _ in range(WARMUP):
         ours.step()
         theirs.step()

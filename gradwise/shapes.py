@@ -26,3 +26,18 @@ def gpt2_shapes(vocab: int, context: int, width: int, blocks: int) -> list[tuple
         ):
             out.append((f"h.{i}.{name}", shape))
     return out + [("ln_f.weight", (width,)), ("ln_f.bias", (width,))]
+
+
+def gpt2_parameters(size: str) -> list:
+    """The ``size`` set (``SIZES``) as parameters drawn N(0, 0.02), each with a fixed gradient drawn N(0, 1e-3), in
+    ``gpt2_shapes``' order from one generator seeded 0: the set ``bench/compile_time.py`` and ``bench/graph_calls.py``
+    step."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for _, shape in gpt2_shapes(*SIZES[size]):
+        p = torch.nn.Parameter(torch.randn(shape, generator=generator) * 0.02)
+        p.grad = torch.randn(shape, generator=generator) * 1e-3
+        out.append(p)
+    return out
